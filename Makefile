@@ -1,0 +1,57 @@
+# matrixpool developer entry points. `make test` is what CI runs (.ci/run); `make demo` is the
+# quick start. Both install what they need on a fresh machine.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv binaries crds crds-check lint typecheck imports helm-lint unit integration chaos test demo clean
+
+venv: $(STAMP)
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+# The control-plane binaries (etcd, kube-*, kwok, helm), built once into ~/.cache/matrixpool.
+binaries:
+	tools/k8s/build.sh
+
+crds: venv
+	$(BIN)/python -m matrixpool.api.crdgen
+
+crds-check: venv
+	$(BIN)/python -m matrixpool.api.crdgen --check
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: venv
+	$(BIN)/mypy
+
+imports: venv
+	$(BIN)/lint-imports
+
+helm-lint: venv binaries
+	"$$(tools/k8s/build.sh)/helm" lint charts/matrixpool --strict
+
+unit: venv
+	$(BIN)/pytest tests/unit -q
+
+integration: venv binaries
+	$(BIN)/pytest tests/integration -q
+
+chaos: venv binaries
+	$(BIN)/pytest tests/chaos -q
+
+test: lint typecheck imports crds-check helm-lint unit integration
+
+demo: venv binaries
+	$(BIN)/matrixpool demo
+
+clean:
+	-$(BIN)/matrixpool cluster down
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,1 @@
+"""Thin kopf handlers: parse the body into the model, call pure code, patch status."""

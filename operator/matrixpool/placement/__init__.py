@@ -1,0 +1,1 @@
+"""Pure topology-aware gang placement (no kopf, no Kubernetes client)."""

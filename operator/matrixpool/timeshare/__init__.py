@@ -1,0 +1,1 @@
+"""Pure day/night capacity policy (no kopf, no Kubernetes client)."""
