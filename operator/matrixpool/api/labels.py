@@ -1,0 +1,51 @@
+"""Label, annotation and environment variable names of the matrixpool contract (DESIGN.md).
+
+Used by the handlers (writing pods, reading nodes), placement (reading card annotations), the
+dev cluster (labelling simulated nodes) and the tests. Also the two tiny codecs of the
+``"0,1,2,3"`` card-list format shared by ``cards`` and ``unhealthy-cards``.
+"""
+
+from collections.abc import Iterable
+
+from matrixpool import api
+
+_P = f"{api.GROUP}/"
+
+# --- node labels -------------------------------------------------------------------------
+SUPERNODE = _P + "supernode"  # node label: the supernode a node belongs to (used in selectors)
+RACK = _P + "rack"  # node label: the rack of a node (the usual first topology key)
+
+# --- node annotations --------------------------------------------------------------------
+UNHEALTHY_CARDS = _P + "unhealthy-cards"  # node annotation: "3,5", cards not to be used
+
+# --- pod labels ----------------------------------------------------------------------------
+JOB = _P + "job"  # pod label: name of the TrainingJob or InferenceService owning the pod
+KIND = _P + "kind"  # pod label: kind of the owner, "TrainingJob" or "InferenceService"
+ROLE = _P + "role"  # pod label: InferenceService role name ("trainer" for training pods)
+REPLICA = _P + "replica"  # pod label: replica (instance) index within an inference role
+RANK = _P + "rank"  # pod label: rank of the pod within its gang, "0".."n-1"
+
+# --- pod annotations -----------------------------------------------------------------------
+CARDS = _P + "cards"  # pod annotation: "0,1,2,3", the cards bound to the pod on its node
+CHECKPOINT_REQUEST = _P + "checkpoint-request"  # pod annotation: id of a requested checkpoint
+
+# --- pod scheduling and environment ----------------------------------------------------------
+SCHEDULER_NAME = "matrixpool"  # schedulerName of every gang pod; kube-scheduler ignores them
+ENV_CARDS = "MATRIXPOOL_CARDS"  # env var with the bound cards, same format as CARDS
+ENV_ASCEND_VISIBLE_DEVICES = "ASCEND_VISIBLE_DEVICES"  # set too for huawei.com/* resources
+ENV_NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"  # set too for nvidia.com/* resources
+
+
+def format_cards(cards: Iterable[int]) -> str:
+    """``[3, 0, 1]`` → ``"0,1,3"``: the value of CARDS, UNHEALTHY_CARDS and ENV_CARDS."""
+    return ",".join(str(c) for c in sorted(set(cards)))
+
+
+def parse_cards(value: str | None) -> frozenset[int]:
+    """``"0, 1,3"`` → ``{0, 1, 3}``; empty or missing → empty. Raises ValueError on junk."""
+    if not value:
+        return frozenset()
+    cards = frozenset(int(part) for part in value.split(",") if part.strip())
+    if any(c < 0 for c in cards):
+        raise ValueError(f"negative card index in {value!r}")
+    return cards

@@ -1,0 +1,291 @@
+"""TrainingJob (namespaced, short name ``tj``): a gang of ranks that trains on one supernode,
+checkpoints through three tiers and is recovered at the cheapest level the surviving state
+allows.
+
+Read by the training handlers (create and bind the gang, write status), placement (gang shape,
+affinity, group size), timeshare (windows, elasticity, priority) and the recovery policy
+(checkpoint tiers, allowed levels). ``parse`` takes the object as kopf or the API hands it over.
+"""
+
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from pydantic import ConfigDict, Field
+
+from matrixpool import api
+from matrixpool.api import common
+
+KIND = "TrainingJob"
+PLURAL = "trainingjobs"
+SHORT_NAMES = ("tj",)
+
+# Inference defaults above training (1000 vs 100), so at equal settings inference preempts.
+DEFAULT_PRIORITY = 100
+MAX_PRIORITY = 1_000_000_000  # as for PriorityClass values
+URI = r"^[a-zA-Z][a-zA-Z0-9+.-]*://.+$"  # scheme://rest, e.g. file:///mnt/ckpt or s3://b/k
+
+
+class SuperNodeAffinity(StrEnum):
+    """Whether a gang must stay inside one supernode."""
+
+    REQUIRED = "Required"  # the whole gang on one supernode
+    PREFERRED = "Preferred"  # one supernode if possible, else spread over several
+
+
+class RecoveryLevel(StrEnum):
+    """Recovery levels, cheapest first."""
+
+    IN_PLACE = "InPlace"  # restart failed ranks where they are, restore from local memory
+    SPARE_SWAP = "SpareSwap"  # move the failed node's ranks to a spare, restore from a peer
+    RESCHEDULE = "Reschedule"  # place the whole job again, restore from the newest tier left
+
+
+class Phase(StrEnum):
+    """Lifecycle phase of a TrainingJob."""
+
+    PENDING = "Pending"  # waiting for a placement
+    SCHEDULED = "Scheduled"  # gang bound, pods starting
+    RUNNING = "Running"  # every rank running
+    CHECKPOINTING = "Checkpointing"  # asked to checkpoint before a suspension or preemption
+    SUSPENDED = "Suspended"  # evicted by a window or preemption; resumes from a checkpoint
+    RECOVERING = "Recovering"  # recovering from a fault
+    SUCCEEDED = "Succeeded"  # every rank completed
+    FAILED = "Failed"  # out of recoveries or unrecoverable
+
+
+class Placement(common.ApiModel):
+    """Placement constraints of the gang."""
+
+    super_node_affinity: SuperNodeAffinity = SuperNodeAffinity.REQUIRED
+    """Required: one supernode; Preferred: may span supernodes when one does not fit."""
+    group_size: int | None = Field(default=None, ge=1)
+    """Ranks that must share one topology domain (the finest topology key), if set."""
+
+
+class MemoryTier(common.ApiModel):
+    """Tier 1: node memory held by the checkpoint daemon, copied to peers in other racks."""
+
+    every_steps: int = Field(ge=1)
+    """Checkpoint every this many steps."""
+    peer_replicas: int = Field(default=1, ge=0, le=8)
+    """Copies on daemons of other nodes, in another rack."""
+
+
+class LocalTier(common.ApiModel):
+    """Tier 2: node-local disk."""
+
+    every_steps: int = Field(ge=1)
+    """Checkpoint every this many steps."""
+
+
+class PersistentTier(common.ApiModel):
+    """Tier 3: persistent storage addressed by URI."""
+
+    every_steps: int = Field(ge=1)
+    """Checkpoint every this many steps."""
+    uri: str = Field(max_length=2048, pattern=URI)
+    """Where checkpoints go, scheme://..., e.g. file:///mnt/ckpt/llm."""
+
+
+class Checkpoint(common.ApiModel):
+    """Checkpoint tiers; an absent tier is not used."""
+
+    memory: MemoryTier | None = None
+    """Tier 1: node memory plus peer copies."""
+    local: LocalTier | None = None
+    """Tier 2: node-local disk."""
+    persistent: PersistentTier | None = None
+    """Tier 3: persistent storage."""
+
+
+class Recovery(common.ApiModel):
+    """How faults may be recovered."""
+
+    max_recoveries: int = Field(default=10, ge=0, le=10000)
+    """Recoveries allowed before the job fails."""
+    levels: list[RecoveryLevel] = Field(
+        default=[RecoveryLevel.IN_PLACE, RecoveryLevel.SPARE_SWAP, RecoveryLevel.RESCHEDULE],
+        min_length=1,
+        max_length=3,
+        json_schema_extra=common.list_set(),
+    )
+    """Recovery levels allowed; the cheapest one the fault allows is used."""
+
+
+class TrainingJobSpec(common.ApiModel):
+    """The gang, where it may run, when, and how it checkpoints and recovers."""
+
+    model_config = ConfigDict(
+        json_schema_extra=common.validations(
+            common.rule(
+                "!has(self.minReplicas) || self.minReplicas <= self.replicas",
+                "spec.minReplicas must be <= spec.replicas",
+                ".minReplicas",
+            ),
+            common.rule(
+                "!has(self.placement) || !has(self.placement.groupSize)"
+                " || self.placement.groupSize <= self.replicas",
+                "spec.placement.groupSize must be <= spec.replicas",
+                ".placement.groupSize",
+            ),
+        )
+    )
+
+    super_node: common.DnsSubdomain | None = None
+    """SuperNode to run on; absent: any SuperNode that fits."""
+    replicas: int = Field(ge=1, le=1_000_000)
+    """Pods (ranks) of the gang."""
+    min_replicas: int = Field(default_factory=lambda data: data.get("replicas", 1), ge=1)
+    """Elastic floor: the job may shrink (data-parallel) down to this; default replicas."""
+    cards_per_replica: int = Field(ge=1, le=64)
+    """Cards per pod, all on one node."""
+    priority: int = Field(default=DEFAULT_PRIORITY, ge=0, le=MAX_PRIORITY)
+    """Higher wins; inference defaults above training."""
+    placement: Placement = Field(
+        default_factory=Placement, json_schema_extra=common.DEFAULT_EMPTY_OBJECT
+    )
+    """Placement constraints."""
+    windows: list[common.DnsLabel] = Field(
+        default_factory=list, max_length=24, json_schema_extra=common.list_set()
+    )
+    """Time windows of the SuperNode the job may run in; empty: any time."""
+    template: dict[str, Any] = Field(
+        default_factory=dict, json_schema_extra=common.PRESERVE_UNKNOWN
+    )
+    """PodTemplateSpec of every rank; the operator adds cards, env and annotations."""
+    checkpoint: Checkpoint = Field(default_factory=Checkpoint)
+    """Checkpoint tiers."""
+    recovery: Recovery = Field(
+        default_factory=Recovery, json_schema_extra=common.DEFAULT_EMPTY_OBJECT
+    )
+    """Fault recovery."""
+
+    @property
+    def cards(self) -> int:
+        """Cards of the whole gang at full size."""
+        return self.replicas * self.cards_per_replica
+
+
+class ReplicaCounts(common.ApiModel):
+    """Pods of the gang."""
+
+    desired: common.Count = 0
+    """Ranks the job runs with now (below spec.replicas while shrunk)."""
+    bound: common.Count = 0
+    """Ranks bound to a node."""
+    running: common.Count = 0
+    """Ranks whose pod is running."""
+
+
+class CheckpointSteps(common.ApiModel):
+    """Newest step complete for every rank, per tier; absent: none yet."""
+
+    memory: int | None = Field(default=None, ge=0)
+    """Newest step in node memory."""
+    local: int | None = Field(default=None, ge=0)
+    """Newest step on local disk."""
+    persistent: int | None = Field(default=None, ge=0)
+    """Newest step in persistent storage."""
+
+
+class RecoveryRecord(common.ApiModel):
+    """One recovery from a fault."""
+
+    level: RecoveryLevel
+    """Level chosen."""
+    cause: str = Field(max_length=1024)
+    """The fault, e.g. NodeNotReady, CardsUnhealthy, PodFailed, DaemonUnreachable."""
+    restored_step: int | None = Field(default=None, ge=0)
+    """Step restored; absent: restarted from scratch."""
+    lost_steps: int | None = Field(default=None, ge=0)
+    """Steps trained since the restored checkpoint, lost by the fault."""
+    detected_at: datetime
+    """When the fault was detected."""
+    recovered_at: datetime | None = None
+    """When every rank ran again; absent while recovering."""
+
+    @property
+    def duration(self) -> timedelta | None:
+        return None if self.recovered_at is None else self.recovered_at - self.detected_at
+
+
+class TrainingJobStatus(common.ApiModel):
+    """Observed state of the job, written by the operator."""
+
+    observed_generation: int | None = Field(default=None, ge=0)
+    """metadata.generation this status was computed from."""
+    phase: Phase = Phase.PENDING
+    """Lifecycle phase."""
+    replicas: ReplicaCounts = Field(default_factory=ReplicaCounts)
+    """Rank counts."""
+    placement: common.PlacementStatus = Field(default_factory=common.PlacementStatus)
+    """Where the gang is bound."""
+    checkpoints: CheckpointSteps = Field(default_factory=CheckpointSteps)
+    """Newest complete checkpoint step per tier."""
+    recoveries: list[RecoveryRecord] = Field(default_factory=list)
+    """Recoveries so far, oldest first."""
+    conditions: list[common.Condition] = common.conditions_field()
+    """Conditions."""
+
+
+class TrainingJob(common.ApiModel):
+    """A whole TrainingJob object."""
+
+    api_version: str = api.API_VERSION
+    """matrixpool.dev/v1alpha1."""
+    kind: str = KIND
+    """TrainingJob."""
+    metadata: common.ObjectMeta = Field(default_factory=common.ObjectMeta)
+    """Object metadata."""
+    spec: TrainingJobSpec
+    """Desired state."""
+    status: TrainingJobStatus = Field(default_factory=TrainingJobStatus)
+    """Observed state."""
+
+
+def parse(body: Mapping[str, Any]) -> TrainingJob:
+    """The whole object (a kopf body or an API dict) as a model."""
+    return TrainingJob.model_validate(common.plain(body))
+
+
+def parse_spec(spec: Mapping[str, Any]) -> TrainingJobSpec:
+    return TrainingJobSpec.model_validate(common.plain(spec))
+
+
+def parse_status(status: Mapping[str, Any] | None) -> TrainingJobStatus:
+    return TrainingJobStatus.model_validate(common.plain(status or {}))
+
+
+RESOURCE = common.Resource(
+    kind=KIND,
+    plural=PLURAL,
+    short_names=SHORT_NAMES,
+    namespaced=True,
+    spec=TrainingJobSpec,
+    status=TrainingJobStatus,
+    description="TrainingJob is a gang of ranks training on a supernode, with tiered "
+    "checkpoints and cheapest-first fault recovery.",
+    printer_columns=(
+        common.PrinterColumn("Phase", "string", ".status.phase", "Lifecycle phase"),
+        common.PrinterColumn(
+            "SuperNode", "string", ".status.placement.superNode", "SuperNode holding the gang"
+        ),
+        common.PrinterColumn("Desired", "integer", ".status.replicas.desired", "Ranks wanted"),
+        common.PrinterColumn("Bound", "integer", ".status.replicas.bound", "Ranks bound"),
+        common.PrinterColumn("Running", "integer", ".status.replicas.running", "Ranks running"),
+        common.PrinterColumn("Cards/Replica", "integer", ".spec.cardsPerReplica", "Cards per rank"),
+        common.PrinterColumn(
+            "Priority", "integer", ".spec.priority", "Scheduling priority", priority=1
+        ),
+        common.PrinterColumn(
+            "Checkpoint",
+            "integer",
+            ".status.checkpoints.persistent",
+            "Newest persistent checkpoint step",
+            priority=1,
+        ),
+    ),
+    selectable_fields=(".spec.superNode",),
+)
