@@ -90,7 +90,8 @@ class TimeSharing(common.ApiModel):
             **common.list_map("name"),
             **common.validations(
                 common.rule(
-                    f"self.map(w, {_DURATION}).sum() == 1440",
+                    f"!self.all(w, w.start.matches('{HHMM}') && w.end.matches('{HHMM}'))"
+                    f" || self.map(w, {_DURATION}).sum() == 1440",
                     "spec.timeSharing.windows must cover the 24 hours exactly once: "
                     "their durations must add up to 24h (no gap, no overlap)",
                 ),
