@@ -83,6 +83,12 @@ class TimeSharing(common.ApiModel):
 
     timezone: str = Field(min_length=1, max_length=64, pattern=TIMEZONE)
     """IANA time zone of the window times, e.g. Asia/Shanghai."""
+    # Exact cover of the day, by two CEL rules: (1) the durations (1..1440 min) add up to 1440;
+    # (2) every window ends where exactly one window starts. Following "ends where it starts"
+    # from any window reaches a cycle that returns to its starting minute, so it spans a
+    # multiple of 1440 min, hence at least 1440; by (1) that cycle is every window, going
+    # round the clock once: no gap, no overlap. The first rule skips malformed times, which the
+    # HH:MM pattern reports.
     windows: list[TimeWindow] = Field(
         min_length=1,
         max_length=24,
