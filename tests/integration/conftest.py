@@ -1,0 +1,47 @@
+"""Fixtures of the integration and chaos tests: one real control plane per session, a fresh
+namespace per test, the operator as a subprocess. See :mod:`tests.integration.framework`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from matrixpool.devcluster import topology
+from tests.integration import framework
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[framework.TestCluster]:
+    """The session's control plane: 1 supernode of 48 nodes × 8 cards, 4 nodes per rack
+    (MATRIXPOOL_TEST_SUPERNODES raises the supernode count). Failing to start fails."""
+    shape = topology.Shape(supernodes=int(os.environ.get("MATRIXPOOL_TEST_SUPERNODES", "1")))
+    folder = tmp_path_factory.mktemp("cluster")
+    test_cluster = framework.start_cluster(folder, shape)
+    try:
+        yield test_cluster
+    finally:
+        if not os.environ.get("MATRIXPOOL_KEEP_CLUSTER"):
+            test_cluster.local.down()
+
+
+@pytest.fixture
+def namespace(cluster: framework.TestCluster) -> Iterator[str]:
+    """A fresh namespace, deleted (without waiting) after the test."""
+    name = framework.unique("t")
+    cluster.kubectl("create", "namespace", name)
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def operator(cluster: framework.TestCluster, tmp_path: Path) -> Iterator[framework.Operator]:
+    """The operator running against the session's cluster; its log is printed on failure."""
+    process = framework.Operator(cluster, tmp_path / "operator.log").start()
+    try:
+        yield process
+    finally:
+        process.kill()
+        print(process.log()[-20000:])

@@ -1,0 +1,153 @@
+"""The integration-test framework: a real local control plane (etcd, kube-apiserver,
+controller-manager, scheduler, kwok) started once per test session, the operator as a real
+subprocess, and polling with deadlines. Used by tests/integration and tests/chaos.
+
+A control plane that cannot start fails the session; it is never skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from matrixpool.devcluster import binaries, cluster, topology
+from matrixpool.k8s import client as k8s_client
+
+REPO = binaries.repo_root()
+T = TypeVar("T")
+
+
+def eventually(
+    probe: Callable[[], T | None],
+    *,
+    timeout: float = 30.0,
+    interval: float = 0.2,
+    what: str = "condition",
+) -> T:
+    """Call ``probe`` until it returns something truthy; fail with the last value after
+    ``timeout`` seconds. Tests wait with this, never with bare sleeps."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        last = probe()
+        if last:
+            return last
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout:.0f} s; last: {last!r}")
+        time.sleep(interval)
+
+
+@dataclass
+class TestCluster:
+    """Handle on the session's control plane."""
+
+    local: cluster.Cluster
+    shape: topology.Shape
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.local.kubeconfig
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.local.bin_dir
+
+    @property
+    def api(self) -> k8s_client.Api:
+        return k8s_client.from_kubeconfig(self.kubeconfig)
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [cluster.kubectl_path(), *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            env=self.env(),
+            check=False,
+        )
+        if check and result.returncode:
+            raise AssertionError(f"kubectl {' '.join(args)} failed:\n{result.stderr}")
+        return result
+
+    def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [str(self.bin_dir / "helm"), *args],
+            capture_output=True,
+            text=True,
+            env=self.env(),
+            check=False,
+        )
+        if check and result.returncode:
+            raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stderr}")
+        return result
+
+    def matrixpool(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """The ``matrixpool`` CLI against this cluster."""
+        env = {**self.env(), "MATRIXPOOL_CLUSTER_DIR": str(self.local.folder)}
+        result = subprocess.run(
+            [sys.executable, "-m", "matrixpool.cli", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+        )
+        if check and result.returncode:
+            raise AssertionError(f"matrixpool {' '.join(args)} failed:\n{result.stderr}")
+        return result
+
+
+def start_cluster(folder: Path, shape: topology.Shape) -> TestCluster:
+    local = cluster.Cluster(folder, progress=lambda line: print(line, file=sys.stderr))
+    local.up(shape, crds=REPO / "crds")
+    return TestCluster(local=local, shape=shape)
+
+
+@dataclass
+class Operator:
+    """``matrixpool run`` as a real subprocess, killable at any moment."""
+
+    cluster: TestCluster
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = field(default=None)
+
+    def start(self) -> Operator:
+        env = {**self.cluster.env(), "MATRIXPOOL_LOG_FORMAT": "json"}
+        log = open(self.log_path, "ab")  # noqa: SIM115 -- owned by the child for its life
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "matrixpool.cli", "run"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        return self
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, sig)
+            self.process.wait(timeout=30)
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
