@@ -10,10 +10,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from matrixpool.api import labels
 from matrixpool.k8s import client as k8s_client
 
 FAULT_ANNOTATION = "matrixpool.dev/fault"
-UNHEALTHY_CARDS = "matrixpool.dev/unhealthy-cards"
 CARD_LIST = re.compile(r"^(\d+(,\d+)*)?$")
 
 
@@ -44,7 +44,7 @@ def cards(kubeconfig: Path, node: str, card_list: str) -> None:
     card_list = card_list.replace(" ", "")
     if not CARD_LIST.match(card_list):
         raise FaultError(f"card list {card_list!r} must be comma-separated card indices, e.g. 3,5")
-    _annotate(kubeconfig, node, {UNHEALTHY_CARDS: card_list or None})
+    _annotate(kubeconfig, node, {labels.UNHEALTHY_CARDS: card_list or None})
 
 
 def _annotate(kubeconfig: Path, node: str, annotations: dict[str, str | None]) -> None:

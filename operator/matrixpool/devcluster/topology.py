@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from matrixpool.api import labels
+
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
-SUPERNODE_LABEL = "matrixpool.dev/supernode"
-RACK_LABEL = "matrixpool.dev/rack"
 
 
 @dataclass(frozen=True)
@@ -62,8 +62,8 @@ def node(shape: Shape, supernode: int, index: int) -> dict[str, Any]:
         "metadata": {
             "name": name,
             "labels": {
-                SUPERNODE_LABEL: f"sn-{supernode}",
-                RACK_LABEL: f"sn-{supernode}-rack-{index // shape.nodes_per_rack}",
+                labels.SUPERNODE: f"sn-{supernode}",
+                labels.RACK: f"sn-{supernode}-rack-{index // shape.nodes_per_rack}",
                 "kubernetes.io/hostname": name,
                 "kubernetes.io/os": "linux",
                 "kubernetes.io/arch": "amd64",

@@ -13,16 +13,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import kopf
+import pydantic
 import structlog
 
-from matrixpool import clock
-from matrixpool.k8s import conditions, convert
+from matrixpool import api, clock
+from matrixpool.api import common, supernode
+from matrixpool.k8s import convert
 from matrixpool.k8s import status as k8s_status
 from matrixpool.placement import inventory
 
-GROUP, VERSION, PLURAL = "matrixpool.dev", "v1alpha1", "supernodes"
+GROUP, VERSION, PLURAL = api.GROUP, api.VERSION, supernode.PLURAL
 SYNC_SECONDS = 1.0
-DEFAULT_CARD_RESOURCE = "huawei.com/Ascend910"
 
 log = structlog.get_logger(__name__)
 
@@ -67,8 +68,13 @@ async def keep_status(
     last: Mapping[str, Any] | None = None
     while not stopped:
         facts = Facts.collect(node_facts, pod_cards, supernode_selectors)
-        current = dict(body.get("status") or {})
-        desired = desired_status(name, body, current, facts)
+        current = common.plain(body.get("status") or {})
+        try:
+            desired = desired_status(name, body, facts)
+        except pydantic.ValidationError as error:  # only if the CRD and the model disagree
+            log.error("supernode spec does not parse", supernode=name, error=str(error))
+            await stopped.wait(SYNC_SECONDS * 10)
+            continue
         if desired != last and _differs(desired, current):
             await k8s_status.patch_cluster_status(PLURAL, name, desired)
             _announce(body, current, desired)
@@ -103,40 +109,40 @@ class Facts:
         )
 
 
-def desired_status(
-    name: str, body: Mapping[str, Any], current: Mapping[str, Any], facts: Facts
-) -> dict[str, Any]:
+def desired_status(name: str, body: Mapping[str, Any], facts: Facts) -> dict[str, Any]:
     """The status ``name`` should have, given the facts (pure; the daemon's whole logic)."""
-    spec = body.get("spec") or {}
-    resource = spec.get("cardResource") or DEFAULT_CARD_RESOURCE
-    selector = inventory.Selector.from_spec(spec.get("nodeSelector"))
+    sn = supernode.parse(common.plain(body))
+    spec = sn.spec
+    selector = inventory.Selector.from_spec(common.to_wire(spec.node_selector))
     members = inventory.members(selector, facts.nodes)
-    allocated = {n.name: facts.held.get(n.name, {}).get(resource, 0) for n in members}
-    summary = inventory.summarize(
-        members, resource, allocated, int((spec.get("spares") or {}).get("nodes") or 0)
-    )
+    allocated = {n.name: facts.held.get(n.name, {}).get(spec.card_resource, 0) for n in members}
+    summary = inventory.summarize(members, spec.card_resource, allocated, spec.spares.nodes)
     ready, reason, message = _readiness(name, members, summary, facts)
-    generation = (body.get("metadata") or {}).get("generation")
-    return {
-        "observedGeneration": generation,
-        "nodes": {"total": summary.nodes_total, "ready": summary.nodes_ready},
-        "cards": {
-            "total": summary.cards_total,
-            "allocatable": summary.cards_allocatable,
-            "allocated": summary.cards_allocated,
-            "unhealthy": summary.cards_unhealthy,
-            "spare": summary.cards_spare,
-        },
-        "conditions": conditions.set_condition(
-            current.get("conditions"),
-            type="Ready",
-            status=ready,
-            reason=reason,
-            message=message,
-            generation=generation,
-            now=clock.SYSTEM.now(),
-        ),
-    }
+    generation = sn.metadata.generation
+    condition = common.Condition(
+        type="Ready",
+        status=common.ConditionStatus.TRUE if ready else common.ConditionStatus.FALSE,
+        reason=reason,
+        message=message,
+        last_transition_time=clock.SYSTEM.now(),
+        observed_generation=generation,
+    )
+    status = sn.status.model_copy(
+        update={
+            "observed_generation": generation,
+            "nodes": supernode.NodeCounts(total=summary.nodes_total, ready=summary.nodes_ready),
+            "cards": supernode.CardCounts(
+                total=summary.cards_total,
+                allocatable=summary.cards_allocatable,
+                allocated=summary.cards_allocated,
+                unhealthy=summary.cards_unhealthy,
+                spare=summary.cards_spare,
+            ),
+            "spare_nodes": list(summary.spare_nodes),
+            "conditions": common.set_condition(sn.status.conditions, condition),
+        }
+    )
+    return common.to_wire(status)
 
 
 def _readiness(
@@ -175,8 +181,8 @@ def _differs(desired: Mapping[str, Any], current: Mapping[str, Any]) -> bool:
 
 def _announce(body: kopf.Body, current: Mapping[str, Any], desired: Mapping[str, Any]) -> None:
     """An Event and a log line whenever the Ready condition changes status or reason."""
-    old = conditions.find(current.get("conditions"), "Ready") or {}
-    new = conditions.find(desired.get("conditions"), "Ready") or {}
+    old = _ready(current)
+    new = _ready(desired)
     if (old.get("status"), old.get("reason")) == (new.get("status"), new.get("reason")):
         return
     kind = "Normal" if new.get("status") == "True" else "Warning"
@@ -188,3 +194,7 @@ def _announce(body: kopf.Body, current: Mapping[str, Any], desired: Mapping[str,
         reason=new.get("reason"),
         message=new.get("message"),
     )
+
+
+def _ready(status: Mapping[str, Any]) -> Mapping[str, Any]:
+    return next((c for c in status.get("conditions") or () if c.get("type") == "Ready"), {})

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from matrixpool.api import labels as names
 from matrixpool.placement import inventory
 
-UNHEALTHY_CARDS = "matrixpool.dev/unhealthy-cards"
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
@@ -26,7 +26,7 @@ def node_info(
         c.get("type") == "Ready" and c.get("status") == "True"
         for c in status.get("conditions") or []
     )
-    unhealthy, _ = inventory.parse_card_list(annotations.get(UNHEALTHY_CARDS))
+    unhealthy, _ = inventory.parse_card_list(annotations.get(names.UNHEALTHY_CARDS))
     return inventory.NodeInfo(
         name=inventory.NodeName(name),
         labels=dict(labels),
