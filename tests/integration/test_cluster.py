@@ -4,6 +4,10 @@ and fault injection through the `matrixpool cluster` commands."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 from tests.integration import framework
 
@@ -76,3 +80,52 @@ def test_card_fault_sets_and_clears_the_annotation(cluster: framework.TestCluste
     bad = cluster.matrixpool("cluster", "fault", "cards", node, "three", check=False)
     assert bad.returncode == 1
     assert "card list" in bad.stderr
+
+
+def test_cluster_up_and_down_are_idempotent_and_leave_no_process(
+    cluster: framework.TestCluster, tmp_path: Path
+) -> None:
+    """A second small cluster, driven only through the CLI as a user would."""
+    env = {**os.environ, "MATRIXPOOL_CLUSTER_DIR": str(tmp_path / "own")}
+
+    def matrixpool(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "matrixpool.cli", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+        )
+
+    up = ("cluster", "up", "--nodes-per-supernode", "4", "--nodes-per-rack", "2")
+    first = matrixpool(*up)
+    kubeconfig = tmp_path / "own" / "kubeconfig"
+    assert first.stdout.strip().splitlines()[-1] == f"export KUBECONFIG={kubeconfig}"
+    again = matrixpool(*up)
+    assert "already running" in again.stderr
+    pids = [
+        p["pid"] for p in json.loads(matrixpool("cluster", "status").stdout)["processes"].values()
+    ]
+    assert len(pids) == 5
+    matrixpool("cluster", "down")
+    matrixpool("cluster", "down")
+    for pid in pids:
+        framework.eventually(lambda pid=pid: not _alive(pid), timeout=15, what=f"pid {pid} gone")
+    status = subprocess.run(
+        [sys.executable, "-m", "matrixpool.cli", "cluster", "status"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert status.returncode == 1
+    assert json.loads(status.stdout)["ready"] is False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split(") ")[-1].split()[0] != "Z"
