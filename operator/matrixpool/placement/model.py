@@ -58,6 +58,7 @@ class Holding:
     node: NodeName
     cards: frozenset[CardId]
     priority: int
+    spread_group: str | None = None  # the pod's GangRequest.spread_group (inference role)
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ class GangRequest:
     spread_group: str | None = None  # replicas of one inference role: spread across racks
     min_pods: int | None = None  # elastic floor: may shrink to this many pods (drop high ranks)
     preemptible: bool = True  # may lose cards to strictly higher priorities
+    cards_field: str = "spec.cardsPerReplica"  # spec field of the pod cards, named in reasons
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,7 @@ class Assignment:
     pod: PodKey
     node: NodeName
     cards: tuple[CardId, ...]
+    supernode: str = ""  # the node's supernode ("" when the engine did not say)
 
 
 @dataclass(frozen=True)
@@ -98,10 +101,14 @@ class Placement:
 
     gang: GangKey
     assignments: tuple[Assignment, ...]
+    priority: int = 0  # the gang's priority, recorded with its holdings on commit
+    spread_group: str | None = None  # the gang's spread group, recorded on commit
 
     @property
     def supernodes(self) -> tuple[str, ...]:
-        return tuple(sorted({a.node.rsplit("-node-", 1)[0] for a in self.assignments}))
+        return tuple(
+            sorted({a.supernode or a.node.rsplit("-node-", 1)[0] for a in self.assignments})
+        )
 
 
 @dataclass(frozen=True)
