@@ -7,6 +7,8 @@ that several replicas can run with one active.
 from __future__ import annotations
 
 import logging
+import os
+import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,10 +27,18 @@ def run(
     kopf.run(
         standalone=peering is None,
         peering_name=peering,
+        priority=_peering_priority() if peering else None,
         clusterwide=not namespaces,
         namespaces=list(namespaces),
         liveness_endpoint=liveness,
     )
+
+
+def _peering_priority() -> int:
+    """kopf pauses every peer of equal priority, so replicas must differ: take
+    MATRIXPOOL_PEERING_PRIORITY if set, else a random one; the highest runs, the rest wait."""
+    value = os.environ.get("MATRIXPOOL_PEERING_PRIORITY")
+    return int(value) if value else random.randint(1, 1 << 30)
 
 
 def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:

@@ -1,0 +1,166 @@
+"""From workload specs to gangs: which pods a TrainingJob or an InferenceService needs, grouped
+into the :class:`~matrixpool.placement.model.GangRequest` objects the engine places.
+
+Pure (no kopf, no Kubernetes client). The scheduler cycle (``matrixpool.handlers.scheduler``)
+calls it every cycle; pods are named here so that the names are stable across operator restarts.
+
+Rules:
+- A TrainingJob is one gang of ``replicas`` ranks. A replica asking more cards than a node has is
+  split into whole-node pods (``cardsPerReplica`` must then be a multiple of the node size).
+- An InferenceService is one gang per (role, replica): ``podsPerReplica`` pods of
+  ``cardsPerPod`` cards; replicas of one role spread across racks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from matrixpool.api import inferenceservice, trainingjob
+from matrixpool.placement import model
+
+TRAINER_ROLE = "trainer"
+
+
+@dataclass(frozen=True)
+class PodPlan:
+    """One pod the operator must keep in existence for a gang."""
+
+    namespace: str
+    name: str
+    gang: model.GangKey
+    owner: str  # name of the TrainingJob or InferenceService
+    kind: str  # TrainingJob | InferenceService
+    role: str  # "trainer" for training
+    replica: int  # training: the replica index; inference: the instance index
+    rank: int  # rank within the gang
+    cards: int
+
+    @property
+    def key(self) -> model.PodKey:
+        return model.PodKey(f"{self.namespace}/{self.name}")
+
+
+@dataclass(frozen=True)
+class Gang:
+    """A gang request together with the pods that make it up (same order)."""
+
+    request: model.GangRequest
+    pods: tuple[PodPlan, ...]
+    owner: str
+    kind: str
+    role: str
+
+
+def pods_per_replica(cards_per_replica: int, cards_per_node: int | None) -> tuple[int, int]:
+    """(pods per replica, cards per pod): a replica bigger than a node becomes whole-node pods.
+
+    A size that is not a multiple of the node is left as one pod; check_servable reports it.
+    """
+    if cards_per_node and cards_per_replica > cards_per_node and (
+        cards_per_replica % cards_per_node == 0
+    ):
+        return cards_per_replica // cards_per_node, cards_per_node
+    return 1, cards_per_replica
+
+
+def training_gang(
+    namespace: str,
+    name: str,
+    spec: trainingjob.TrainingJobSpec,
+    cards_per_node: int | None,
+    replicas: int | None = None,
+) -> Gang:
+    """The gang of a TrainingJob running ``replicas`` (default: spec.replicas) ranks."""
+    count = spec.replicas if replicas is None else replicas
+    per_replica, cards = pods_per_replica(spec.cards_per_replica, cards_per_node)
+    key = model.GangKey(f"{namespace}/{name}")
+    pods = tuple(
+        PodPlan(
+            namespace,
+            f"{name}-{rank}",
+            key,
+            name,
+            trainingjob.KIND,
+            TRAINER_ROLE,
+            rank // per_replica,
+            rank,
+            cards,
+        )
+        for rank in range(count * per_replica)
+    )
+    group = spec.placement.group_size
+    request = model.GangRequest(
+        gang=key,
+        pods=tuple(model.PodRequest(p.key, p.cards) for p in pods),
+        priority=spec.priority,
+        supernode=spec.super_node,
+        affinity=model.Affinity(spec.placement.super_node_affinity.value),
+        group_size=group * per_replica if group else None,
+        min_pods=spec.min_replicas * per_replica,
+    )
+    return Gang(request, pods, name, trainingjob.KIND, TRAINER_ROLE)
+
+
+def inference_gangs(
+    namespace: str,
+    name: str,
+    spec: inferenceservice.InferenceServiceSpec,
+    replicas: Mapping[str, int] | None = None,
+) -> list[Gang]:
+    """One gang per (role, replica); ``replicas`` overrides a role's count (time-sharing)."""
+    gangs = []
+    for role in spec.roles:
+        count = role.replicas if replicas is None else replicas.get(role.name, role.replicas)
+        for replica in range(count):
+            key = model.GangKey(f"{namespace}/{name}/{role.name}/{replica}")
+            pods = tuple(
+                PodPlan(
+                    namespace,
+                    f"{name}-{role.name}-{replica}-{index}",
+                    key,
+                    name,
+                    inferenceservice.KIND,
+                    role.name,
+                    replica,
+                    index,
+                    role.cards_per_pod,
+                )
+                for index in range(role.pods_per_replica)
+            )
+            request = model.GangRequest(
+                gang=key,
+                pods=tuple(model.PodRequest(p.key, p.cards) for p in pods),
+                priority=spec.priority,
+                supernode=spec.super_node,
+                affinity=model.Affinity.REQUIRED,
+                spread_group=f"{namespace}/{name}/{role.name}",
+                preemptible=True,
+            )
+            gangs.append(Gang(request, pods, name, inferenceservice.KIND, role.name))
+    return gangs
+
+
+def expert_map(
+    role: inferenceservice.Role, assignments: Mapping[str, tuple[int, ...]], pod_names: list[str]
+) -> list[dict[str, object]]:
+    """Expert id → (pod, card) for one expert-parallel replica: every card exactly once.
+
+    ``assignments`` maps pod name → its bound cards; experts are laid out in rank order, the
+    first ``experts`` ids are the real experts and the rest their redundant copies.
+    """
+    assert role.expert_parallel is not None
+    slots = [(pod, card) for pod in pod_names for card in assignments[pod]]
+    total = role.expert_parallel.experts + role.expert_parallel.redundant_experts
+    if len(slots) != total:
+        raise ValueError(f"{len(slots)} cards bound for {total} experts of role {role.name}")
+    experts = role.expert_parallel.experts
+    return [
+        {
+            "expert": i,
+            "copyOf": i if i < experts else (i - experts) % experts,
+            "pod": pod,
+            "card": card,
+        }
+        for i, (pod, card) in enumerate(slots)
+    ]
