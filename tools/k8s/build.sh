@@ -22,7 +22,17 @@ if complete; then
   exit 0
 fi
 
+# One build at a time per cache: a second caller waits, then finds the binaries ready.
 mkdir -p "$bin" "$work"
+exec 9>"$cache/bin/.build.lock"
+if ! flock -n 9; then
+  echo "[build] another build is running; waiting for it" >&2
+  flock 9
+fi
+if complete; then
+  echo "$bin"
+  exit 0
+fi
 export GOFLAGS="-mod=mod -trimpath"
 export CGO_ENABLED=0
 export GOTOOLCHAIN=${GOTOOLCHAIN:-local}
@@ -92,18 +102,30 @@ etcd_binary() {
   run_with_progress etcd bash -c "cd '$dir' && go get go.etcd.io/etcd/server/v3@$ETCD_VERSION && go build -ldflags '-s -w' -o '$bin/etcd.tmp' go.etcd.io/etcd/server/v3 && mv '$bin/etcd.tmp' '$bin/etcd'"
 }
 
-install_binary() {  # NAME PACKAGE@VERSION
+install_binary() {  # NAME PACKAGE@VERSION [EXTRA LDFLAGS]
   next "$1 ${2#*@}"
   [ -x "$bin/$1" ] && return
-  run_with_progress "$1" env GOBIN="$work/gobin" GOFLAGS=-trimpath go install -ldflags "-s -w" "$2"
+  run_with_progress "$1" env GOBIN="$work/gobin" GOFLAGS=-trimpath go install -ldflags "-s -w ${3:-}" "$2"
   mv "$work/gobin/$1" "$bin/$1"
+}
+
+# helm's release builds stamp its version and the Kubernetes version it assumes for
+# .Capabilities and for lint; without them it would assume Kubernetes 1.20.
+helm_ldflags() {
+  local minor
+  minor=$(echo "$KUBERNETES_VERSION" | cut -d. -f2)
+  local flags="-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+  for pkg in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
+    flags+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$minor"
+  done
+  echo "$flags"
 }
 
 log "cold build of the control plane into $bin (this takes a while on a small machine)"
 etcd_binary
 kube_binaries
 install_binary kwok "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
-install_binary helm "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+install_binary helm "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" "$(helm_ldflags)"
 complete || { log "build finished but binaries are missing"; exit 1; }
 log "control plane built in $((SECONDS - started)) s"
 echo "$bin"
