@@ -1,0 +1,323 @@
+"""The placement engine: where a whole gang goes, or why it cannot go anywhere now.
+
+Pure (no kopf, no Kubernetes client). The scheduler cycle (``matrixpool.handlers``) builds a
+:class:`Snapshot` of the cycle, then for each pending gang, highest priority first:
+:func:`check_servable` (specs that can never be served), :func:`place` and, on success,
+``snapshot.commit(placement)``; when a gang does not fit, :func:`preempt` says which lower
+priority gangs to shrink or evict. The benchmark compares :func:`place` with
+:func:`first_fit`.
+
+Rules of DESIGN.md's scheduling contract, and where they live:
+
+- all-or-nothing: :func:`place` works inside ``Snapshot.tentative()`` and always discards what it
+  did; the caller commits the returned placement (Volcano's statement);
+- ``Required`` keeps a gang in one supernode, the named one or the best fitting (fewest free
+  cards among those that hold it); ``Preferred`` uses one supernode when one holds it, else the
+  fewest supernodes (:func:`_fewest_supernodes`);
+- whole nodes first, card groups, spread of inference replicas across racks, ``group_size``
+  ranks in one rack, lowest fragmentation on ties: :mod:`matrixpool.placement.choose`;
+- spares, unhealthy cards and NotReady nodes are never in the snapshot's free cards;
+- preemption of strictly lower priorities: :mod:`matrixpool.placement.preemption`.
+
+Pods of a gang that already hold cards (a gang half-bound when the operator died) keep them;
+only the rest is placed, in the same supernode when the gang is ``Required``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping, Sequence
+
+from matrixpool.placement import choose, firstfit, preemption, servable
+from matrixpool.placement.model import (
+    Affinity,
+    Assignment,
+    GangKey,
+    GangRequest,
+    Placement,
+    PodKey,
+    PodRequest,
+    Preemption,
+    Reason,
+    SuperNodeTopology,
+    Unplaceable,
+)
+from matrixpool.placement.snapshot import Snapshot, StaleSnapshotError, Stats
+
+__all__ = [
+    "FRAGMENTED",
+    "INSUFFICIENT_CARDS",
+    "NO_VICTIMS",
+    "Snapshot",
+    "StaleSnapshotError",
+    "Stats",
+    "check_servable",
+    "first_fit",
+    "place",
+    "preempt",
+]
+
+INSUFFICIENT_CARDS = "InsufficientCards"  # fewer free cards than the gang needs
+FRAGMENTED = "Fragmented"  # enough free cards, but not in the shape the gang needs
+NO_VICTIMS = "NoVictims"  # even preempting every lower priority would not make room
+
+
+def check_servable(
+    topologies: Sequence[SuperNodeTopology], gang: GangRequest
+) -> Unplaceable | None:
+    """A permanent :class:`Unplaceable` when ``gang`` can never be served, else None.
+
+    Codes: UnknownSuperNode, InvalidCards, NodeTooSmall, CardGroupMismatch, and for a
+    ``Required`` gang naming its supernode TooManyCards and GroupTooLarge.
+    """
+    summaries = servable.summaries(topologies)
+    if gang.supernode is not None:
+        return servable.check(summaries.get(gang.supernode), gang)
+    return servable.check(servable.merged(summaries.values()), gang)
+
+
+def place(snapshot: Snapshot, gang: GangRequest) -> Placement | Unplaceable:
+    """Where the whole gang goes on ``snapshot`` (unchanged on return), or why it cannot."""
+    # 1. specs that can never be served
+    never = _never(snapshot, gang)
+    if never is not None:
+        return never
+    # 2. pods that already hold cards keep them
+    kept = snapshot.kept(gang.gang)
+    pending = tuple(p for p in gang.pods if p.pod not in kept)
+    # 3. tentative placement: one supernode if one holds the gang, else span (Preferred)
+    with snapshot.tentative():
+        placed = _place_tentatively(snapshot, gang, pending, kept)
+    # 4. what was done is discarded; the answer says what to commit
+    if placed is None:
+        return Unplaceable(gang.gang, (_why(snapshot, gang, pending),))
+    return _placement(gang, kept, placed)
+
+
+def preempt(
+    snapshot: Snapshot, gang: GangRequest, victims: Mapping[GangKey, GangRequest]
+) -> Preemption | Unplaceable:
+    """Room for ``gang`` made by shrinking, then evicting, gangs of strictly lower priority.
+
+    ``victims`` holds the requests of the gangs that hold cards (their priority, elasticity and
+    rank order). The answer is verified on a copy of ``snapshot``, which stays unchanged.
+    """
+    # 1. a spec that can never be served is not helped by evictions
+    never = _never(snapshot, gang)
+    if never is not None:
+        return never
+    sim = snapshot.copy()
+    placed = _as_placement(place(sim, gang))
+    if placed is not None:
+        return Preemption(placed)
+    # 2. in each scope (one per supernode for an unnamed Required gang), the cheapest plan
+    plans = [
+        plan
+        for scoped, candidates in _scopes(sim, gang, victims)
+        if (plan := preemption.cheapest(sim, scoped, candidates, _fits)) is not None
+    ]
+    # 3. the plan with the fewest victims wins
+    if not plans:
+        return Unplaceable(gang.gang, (_why(snapshot, gang, gang.pods), _no_victims(gang)))
+    best = min(plans, key=preemption.Plan.cost)
+    return Preemption(best.placement, dict(best.shrink), best.evict)
+
+
+def first_fit(snapshot: Snapshot, gang: GangRequest) -> Placement | Unplaceable:
+    """The baseline: each pod on the first node in name order with enough free cards."""
+    return firstfit.place(snapshot, gang)
+
+
+# ---- placement ------------------------------------------------------------------------------
+
+
+def _never(snapshot: Snapshot, gang: GangRequest) -> Unplaceable | None:
+    layout = snapshot.layout
+    if gang.supernode is not None:
+        return servable.check(layout.summaries.get(gang.supernode), gang)
+    return servable.check(layout.any_summary, gang)
+
+
+def _place_tentatively(
+    snap: Snapshot,
+    gang: GangRequest,
+    pending: Sequence[PodRequest],
+    kept: Mapping[PodKey, Assignment],
+) -> list[Assignment] | None:
+    if not pending:
+        return []
+    for s in _one_supernode_candidates(snap, gang, pending, kept):
+        mark, out = snap.mark(), list[Assignment]()
+        if choose.place_pods(snap, s, pending, gang, out) == len(pending):
+            return out
+        snap.undo(mark)
+    if gang.affinity is Affinity.PREFERRED:
+        return _span(snap, gang, pending)
+    return None
+
+
+def _one_supernode_candidates(
+    snap: Snapshot,
+    gang: GangRequest,
+    pending: Sequence[PodRequest],
+    kept: Mapping[PodKey, Assignment],
+) -> Iterator[int]:
+    """Supernodes to try, best fit first: the fewest free cards among those that hold it."""
+    layout = snap.layout
+    named = layout.sn_index.get(gang.supernode) if gang.supernode else None
+    if gang.affinity is Affinity.REQUIRED and kept:
+        yield layout.sn_index[next(iter(kept.values())).supernode]
+        return
+    if named is not None:
+        yield named
+        if gang.affinity is Affinity.REQUIRED:
+            return
+    need, size = sum(p.cards for p in pending), max(p.cards for p in pending)
+    group = gang.group_size or 1
+    grouped = len(pending) // group * group  # pods in whole rank groups
+    free = snap.sn_free
+    fitting = [s for s in range(len(free)) if free[s] >= need and s != named]
+    fitting.sort(key=lambda s: (free[s], s))
+    for s in fitting:
+        if snap.capacity(s, size) >= len(pending) and snap.capacity(s, size, group) >= grouped:
+            yield s
+
+
+def _span(
+    snap: Snapshot, gang: GangRequest, pending: Sequence[PodRequest]
+) -> list[Assignment] | None:
+    """A ``Preferred`` gang over the fewest supernodes, filled one after another."""
+    size, group = max(p.cards for p in pending), gang.group_size or 1
+    named = snap.layout.sn_index.get(gang.supernode) if gang.supernode else None
+    rooms = {s: snap.capacity(s, size, group) for s in range(len(snap.sn_free))}
+    order = _fewest_supernodes(rooms, len(pending), named)
+    out: list[Assignment] = []
+    done = 0
+    for s in order or ():
+        done += choose.place_pods(snap, s, pending[done:], gang, out)
+        if done == len(pending):
+            return out
+    return None
+
+
+def _fewest_supernodes(rooms: dict[int, int], pods: int, first: int | None) -> list[int] | None:
+    """Greedy: the named supernode first, then the roomiest until one holds the rest, and of
+    those the one with the least room (best fit). None when all of them together are short."""
+    order: list[int] = []
+    if first is not None:
+        order.append(first)
+        pods -= rooms.pop(first, 0)
+    pool = sorted(((room, s) for s, room in rooms.items() if room > 0), key=lambda x: (-x[0], x[1]))
+    while pods > 0:
+        holding = [(room, s) for room, s in pool if room >= pods]
+        if holding:
+            order.append(min(holding)[1])
+            return order
+        if not pool:
+            return None
+        room, s = pool.pop(0)
+        order.append(s)
+        pods -= room
+    return order
+
+
+def _placement(
+    gang: GangRequest, kept: Mapping[PodKey, Assignment], placed: Sequence[Assignment]
+) -> Placement:
+    by_pod = {**kept, **{a.pod: a for a in placed}}
+    return Placement(
+        gang.gang,
+        tuple(by_pod[p.pod] for p in gang.pods),
+        priority=gang.priority,
+        spread_group=gang.spread_group,
+    )
+
+
+def _why(snap: Snapshot, gang: GangRequest, pending: Sequence[PodRequest]) -> Reason:
+    """InsufficientCards when the candidates lack free cards, else Fragmented."""
+    need = sum(p.cards for p in pending)
+    shape = _shape(gang, pending)
+    layout = snap.layout
+    if gang.supernode is not None and gang.affinity is Affinity.REQUIRED:
+        free, where = snap.supernode_free(gang.supernode), f"supernode {gang.supernode}"
+    elif gang.affinity is Affinity.REQUIRED:
+        free = max(snap.sn_free, default=0)
+        where = "any one supernode"
+    else:
+        free, where = sum(snap.sn_free), f"all {len(layout.sn_names)} supernodes"
+    if free < need:
+        return Reason(
+            INSUFFICIENT_CARDS,
+            f"needs {need} cards ({shape}); {where} has at most {free} free outside spares",
+        )
+    return Reason(
+        FRAGMENTED,
+        f"{free} cards are free in {where}, but not as {shape} on whole card groups"
+        + (f" with {gang.group_size} ranks per rack" if gang.group_size else ""),
+    )
+
+
+def _shape(gang: GangRequest, pending: Sequence[PodRequest]) -> str:
+    sizes = sorted({p.cards for p in pending})
+    return f"{len(pending)} pods × {'/'.join(map(str, sizes))} cards, {gang.cards_field}"
+
+
+# ---- preemption -----------------------------------------------------------------------------
+
+
+def _fits(snap: Snapshot, gang: GangRequest) -> Placement | None:
+    return _as_placement(place(snap, gang))
+
+
+def _as_placement(verdict: Placement | Unplaceable) -> Placement | None:
+    return verdict if isinstance(verdict, Placement) else None
+
+
+def _scopes(
+    snap: Snapshot, gang: GangRequest, victims: Mapping[GangKey, GangRequest]
+) -> Iterator[tuple[GangRequest, list[GangRequest]]]:
+    """(gang as placed in the scope, its candidate victims): strictly lower priority,
+    preemptible, holding cards in the scope."""
+    layout = snap.layout
+    candidates = [
+        v
+        for key, v in sorted(victims.items())
+        if key != gang.gang
+        and v.preemptible
+        and v.priority < gang.priority
+        and _held_below(snap, key, gang.priority)
+    ]
+    if gang.affinity is Affinity.PREFERRED:
+        yield gang, candidates
+        return
+    need = sum(p.cards for p in gang.pods)
+    names = [gang.supernode] if gang.supernode else layout.sn_names
+    for name in names:
+        s = layout.sn_index.get(name)
+        if s is None:
+            continue
+        here = [v for v in candidates if _cards_in(snap, v.gang, s)]
+        if here and snap.sn_free[s] + sum(_cards_in(snap, v.gang, s) for v in here) >= need:
+            yield dataclasses.replace(gang, supernode=name), here
+
+
+def _held_below(snap: Snapshot, gang: GangKey, priority: int) -> bool:
+    pods = snap.held.get(gang, {})
+    return bool(pods) and all(p < priority for _, _, p, _ in pods.values())
+
+
+def _cards_in(snap: Snapshot, gang: GangKey, s: int) -> int:
+    """Usable cards ``gang`` holds in supernode ``s``."""
+    layout = snap.layout
+    return sum(
+        (mask & layout.usable[i]).bit_count()
+        for i, mask, _, _ in snap.held.get(gang, {}).values()
+        if i >= 0 and layout.node_sn[i] == s and layout.node_rack[i] >= 0
+    )
+
+
+def _no_victims(gang: GangRequest) -> Reason:
+    return Reason(
+        NO_VICTIMS,
+        f"no set of preemptible gangs below priority {gang.priority} would make room",
+    )

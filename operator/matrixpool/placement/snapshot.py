@@ -1,0 +1,421 @@
+"""The per-cycle capacity view of every supernode: which cards are free, kept incrementally.
+
+Pure. The scheduler cycle builds one :class:`Snapshot` from the static topologies and the
+holdings read from the API (:meth:`Snapshot.build`), asks the engine to place gangs on it and
+commits each placement, so the next gang of the same cycle sees it. Like Kueue's TAS snapshot it
+keeps the static tree (:class:`Layout`, shared by copies) apart from the capacity that changes.
+
+The engine's own modules (``engine``, ``choose``, ``preemption``, ``firstfit``) read the index
+attributes directly, for speed; everything else uses the methods. Indexes, all kept up to date
+on every change so no gang scans the whole cluster:
+
+- ``free[i]``: free usable cards of node ``i`` as a bitmask (0 for nodes never placed on:
+  spares, NotReady nodes, nodes without usable cards);
+- per rack (finest topology domain) and per supernode: free cards, the set of *empty* nodes
+  (every usable card free) and of *partially used* nodes (some usable cards held, some free),
+  and per rack the pods of each spread group it holds;
+- per supernode a version, bumped on every change, that keys a capacity cache.
+
+Changes made inside :meth:`Snapshot.tentative` are journalled and undone when it ends: the
+engine places a gang there and the gang either fits whole or leaves no trace (Volcano's
+statement). Errors: :class:`StaleSnapshotError` (a ``ValueError``) when a commit names cards that
+are not free or a node that cannot be placed on — a broken invariant, not "does not fit".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from matrixpool.placement import cards, inventory, servable
+from matrixpool.placement.inventory import NodeName
+from matrixpool.placement.model import (
+    Assignment,
+    CardId,
+    GangKey,
+    Holding,
+    NodeSlot,
+    Placement,
+    PodKey,
+    SuperNodeTopology,
+)
+
+Held = tuple[int, int, int, str | None]  # (node index or -1, card mask, priority, spread group)
+_Change = tuple[int, int, str | None, int]  # (node, free before, spread group, +1/-1 pods)
+_HeldChange = tuple[GangKey, PodKey, Held | None]  # (gang, pod, what it held before)
+
+
+class StaleSnapshotError(ValueError):
+    """A commit does not match the snapshot (cards already taken, node not placeable)."""
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Card counts over the placeable nodes (spares and NotReady nodes excluded)."""
+
+    usable: int  # healthy cards of Ready, non-spare nodes
+    free: int  # of those, not held
+    stranded: int  # free cards on partially used nodes
+    partial_nodes: int  # nodes with some usable cards held and some free
+
+    @property
+    def held(self) -> int:
+        return self.usable - self.free
+
+    @property
+    def utilization(self) -> float:
+        """Held cards over usable cards."""
+        return self.held / self.usable if self.usable else 0.0
+
+    @property
+    def fragmentation(self) -> float:
+        """Stranded free cards over free cards: 0 when every free card is on an empty node."""
+        return self.stranded / self.free if self.free else 0.0
+
+
+class Layout:
+    """The static tree flattened into arrays indexed by node, rack and supernode number.
+
+    Supernodes are in name order, nodes in each by (domains, name); ties between equally good
+    choices go to the lowest index, so placements are deterministic.
+    """
+
+    def __init__(
+        self, topologies: Sequence[SuperNodeTopology], spares: Mapping[str, tuple[NodeName, ...]]
+    ) -> None:
+        self.topologies = tuple(sorted(topologies, key=lambda t: t.name))
+        self.sn_names = [t.name for t in self.topologies]  # supernode → name
+        self.sn_index = {n: s for s, n in enumerate(self.sn_names)}  # name → supernode
+        self.spares = {t.name: spares.get(t.name, ()) for t in self.topologies}
+        self.names: list[NodeName] = []  # node → name
+        self.index: dict[NodeName, int] = {}  # name → node
+        self.node_sn: list[int] = []  # node → supernode
+        self.node_rack: list[int] = []  # node → rack, -1 when never placed on
+        self.usable: list[int] = []  # node → mask of healthy cards (0 when NotReady)
+        self.fitters: list[cards.Fitter] = []  # node → its card-group fitter
+        self.rack_nodes: list[tuple[int, ...]] = []  # rack → its placeable nodes
+        self.rack_sn: list[int] = []  # rack → supernode
+        self.rack_uniform: list[tuple[cards.Fitter, int] | None] = []  # (fitter, usable) shared
+        self.sn_racks: list[tuple[int, ...]] = []  # supernode → its racks
+        for s, topology in enumerate(self.topologies):
+            self._add_supernode(s, topology)
+        self.summaries = servable.summaries(self.topologies)  # name → static summary
+        self.any_summary = servable.merged(self.summaries.values())
+
+    def _add_supernode(self, s: int, topology: SuperNodeTopology) -> None:
+        spare = set(self.spares[topology.name])
+        racks: dict[tuple[str, ...], list[int]] = {}
+        for slot in sorted(topology.nodes, key=lambda n: (n.domains, n.name)):
+            i = len(self.names)
+            full = (1 << slot.cards) - 1
+            usable = full if slot.usable is None else cards.mask_of(slot.usable) & full
+            self.names.append(slot.name)
+            self.index[slot.name] = i
+            self.node_sn.append(s)
+            self.usable.append(usable)
+            self.fitters.append(cards.fitter(cards.shape_of(slot.cards, slot.card_groups)))
+            placeable = bool(usable) and slot.name not in spare
+            self.node_rack.append(-1)
+            if placeable:
+                racks.setdefault(slot.domains, []).append(i)
+        first = len(self.rack_nodes)
+        for nodes in racks.values():
+            for i in nodes:
+                self.node_rack[i] = len(self.rack_nodes)
+            self.rack_nodes.append(tuple(nodes))
+            self.rack_sn.append(s)
+            self.rack_uniform.append(self._uniform(nodes))
+        self.sn_racks.append(tuple(range(first, len(self.rack_nodes))))
+
+    def _uniform(self, nodes: list[int]) -> tuple[cards.Fitter, int] | None:
+        kinds = {(id(self.fitters[i]), self.usable[i]) for i in nodes}
+        return (self.fitters[nodes[0]], self.usable[nodes[0]]) if len(kinds) == 1 else None
+
+
+class Snapshot:
+    """Free cards of every node, with the indexes the engine searches (see the module doc)."""
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+        racks, supernodes = len(layout.rack_nodes), len(layout.sn_names)
+        placeable = zip(layout.usable, layout.node_rack, strict=True)
+        self.free = [u if r >= 0 else 0 for u, r in placeable]
+        self.rack_free = [sum(self.free[i].bit_count() for i in n) for n in layout.rack_nodes]
+        self.rack_empty = [set(n) for n in layout.rack_nodes]  # every usable card free
+        self.rack_partial: list[set[int]] = [set() for _ in range(racks)]
+        self.rack_spread: list[dict[str, int]] = [{} for _ in range(racks)]  # group → pods
+        self.sn_free = [sum(self.rack_free[r] for r in rs) for rs in layout.sn_racks]
+        self.sn_partial: list[set[int]] = [set() for _ in range(supernodes)]
+        self.sn_version = [0] * supernodes
+        self.held: dict[GangKey, dict[PodKey, Held]] = {}
+        self._capacities: dict[tuple[int, int, int], tuple[int, int]] = {}
+        self._journal: list[_Change | _HeldChange] = []
+        self._depth = 0
+
+    # ---- building and copying -------------------------------------------------------------
+
+    @classmethod
+    def build(
+        cls, topologies: Sequence[SuperNodeTopology], holdings: Iterable[Holding]
+    ) -> Snapshot:
+        """1. spares by inventory's rule, 2. the static layout, 3. the holdings taken."""
+        held = list(holdings)
+        layout = Layout(topologies, _spares(topologies, held))
+        snapshot = cls(layout)
+        for h in held:
+            node = layout.index.get(h.node, -1)
+            snapshot._hold(
+                h.gang, h.pod, (node, cards.mask_of(h.cards), h.priority, h.spread_group)
+            )
+        return snapshot
+
+    def copy(self) -> Snapshot:
+        """An independent snapshot with the same state (the layout is shared)."""
+        other = Snapshot.__new__(Snapshot)
+        other.layout = self.layout
+        other.free = list(self.free)
+        other.rack_free = list(self.rack_free)
+        other.rack_empty = [set(s) for s in self.rack_empty]
+        other.rack_partial = [set(s) for s in self.rack_partial]
+        other.rack_spread = [dict(d) for d in self.rack_spread]
+        other.sn_free = list(self.sn_free)
+        other.sn_partial = [set(s) for s in self.sn_partial]
+        other.sn_version = list(self.sn_version)
+        other.held = {g: dict(p) for g, p in self.held.items()}
+        other._capacities = dict(self._capacities)
+        other._journal = []
+        other._depth = 0
+        return other
+
+    # ---- questions ------------------------------------------------------------------------
+
+    def spare_nodes(self, supernode: str) -> tuple[NodeName, ...]:
+        """The whole nodes of ``supernode`` held back for recovery in this cycle."""
+        return self.layout.spares.get(supernode, ())
+
+    def free_cards(self, node: NodeName) -> frozenset[CardId]:
+        """Cards of ``node`` that a normal placement may take (none on spares)."""
+        i = self.layout.index.get(node)
+        return frozenset(cards.cards_of(self.free[i])) if i is not None else frozenset()
+
+    def supernode_free(self, supernode: str) -> int:
+        """Free cards of ``supernode`` outside its spares."""
+        s = self.layout.sn_index.get(supernode)
+        return self.sn_free[s] if s is not None else 0
+
+    def holdings(self) -> Iterator[Holding]:
+        """Every holding, as :meth:`build` would take it back."""
+        names = self.layout.names
+        for gang, pods in sorted(self.held.items()):
+            for pod, (i, mask, priority, spread) in sorted(pods.items()):
+                node = names[i] if i >= 0 else NodeName("")
+                yield Holding(pod, gang, node, frozenset(cards.cards_of(mask)), priority, spread)
+
+    def held_cards(self, gang: GangKey) -> int:
+        return sum(mask.bit_count() for _, mask, _, _ in self.held.get(gang, {}).values())
+
+    def stats(self) -> Stats:
+        """Utilization and fragmentation of the whole snapshot (scans every node)."""
+        usable = free = stranded = 0
+        for r, nodes in enumerate(self.layout.rack_nodes):
+            usable += sum(self.layout.usable[i].bit_count() for i in nodes)
+            free += self.rack_free[r]
+            stranded += sum(self.free[i].bit_count() for i in self.rack_partial[r])
+        partial = sum(len(p) for p in self.rack_partial)
+        return Stats(usable=usable, free=free, stranded=stranded, partial_nodes=partial)
+
+    def rack_capacity(self, r: int, size: int) -> int:
+        """Pods of ``size`` cards that rack ``r`` still holds."""
+        free, fitters = self.free, self.layout.fitters
+        total = sum(fitters[i].capacity(free[i], size) for i in self.rack_partial[r])
+        uniform = self.layout.rack_uniform[r]
+        if uniform is not None:
+            fitter, usable = uniform
+            return total + len(self.rack_empty[r]) * fitter.capacity(usable, size)
+        usables = self.layout.usable
+        return total + sum(fitters[i].capacity(usables[i], size) for i in self.rack_empty[r])
+
+    def capacity(self, s: int, size: int, group: int = 1) -> int:
+        """Pods of ``size`` cards supernode ``s`` still holds, ``group`` of them per rack."""
+        key = (s, size, group)
+        version = self.sn_version[s]
+        cached = self._capacities.get(key)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        pods = sum(self.rack_capacity(r, size) // group * group for r in self.layout.sn_racks[s])
+        self._capacities[key] = (version, pods)
+        return pods
+
+    # ---- commit and release ---------------------------------------------------------------
+
+    def commit(self, placement: Placement) -> None:
+        """Record the placement's cards as held, so later gangs of the cycle see them."""
+        for a in placement.assignments:
+            i = self._placeable(a)
+            mask = cards.mask_of(a.cards)
+            held = self.held.get(placement.gang, {}).get(a.pod)
+            if held is not None and held[:2] == (i, mask):
+                continue
+            if held is not None:
+                self._unhold(placement.gang, a.pod)
+            if self.free[i] & mask != mask:
+                raise StaleSnapshotError(f"cards {list(a.cards)} of node {a.node} are not free")
+            self._hold(placement.gang, a.pod, (i, mask, placement.priority, placement.spread_group))
+
+    def release(self, gang: GangKey) -> None:
+        """Give back every card ``gang`` holds (an eviction, simulated or real)."""
+        self.release_pods(gang, list(self.held.get(gang, {})))
+
+    def release_pods(self, gang: GangKey, pods: Iterable[PodKey]) -> None:
+        """Give back the cards of some pods of ``gang`` (a shrink drops its highest ranks)."""
+        for pod in pods:
+            if pod in self.held.get(gang, {}):
+                self._unhold(gang, pod)
+
+    def kept(self, gang: GangKey) -> dict[PodKey, Assignment]:
+        """Assignments of the pods of ``gang`` that already hold cards."""
+        layout = self.layout
+        return {
+            pod: Assignment(
+                pod, layout.names[i], cards.cards_of(mask), layout.sn_names[layout.node_sn[i]]
+            )
+            for pod, (i, mask, _, _) in self.held.get(gang, {}).items()
+            if i >= 0
+        }
+
+    def _placeable(self, a: Assignment) -> int:
+        i = self.layout.index.get(a.node)
+        if i is None or self.layout.node_rack[i] < 0:
+            raise StaleSnapshotError(f"node {a.node} is not a placeable node of this snapshot")
+        return i
+
+    def _hold(self, gang: GangKey, pod: PodKey, held: Held) -> None:
+        pods = self.held.setdefault(gang, {})
+        if pod in pods:
+            self._unhold(gang, pod)
+        pods[pod] = held
+        if self._depth:
+            self._journal.append((gang, pod, None))
+        i, mask, _, spread = held
+        if i >= 0:
+            self.take(i, mask, spread)
+
+    def _unhold(self, gang: GangKey, pod: PodKey) -> None:
+        pods = self.held[gang]
+        held = pods.pop(pod)
+        if not pods:
+            del self.held[gang]
+        if self._depth:
+            self._journal.append((gang, pod, held))
+        i, mask, _, spread = held
+        if i >= 0:
+            self.give(i, mask, spread)
+
+    # ---- the hot path: one pod's cards taken or given back --------------------------------
+
+    def take(self, i: int, mask: int, spread: str | None) -> None:
+        """Node ``i`` loses the cards of ``mask`` to one pod (of ``spread``'s group)."""
+        before = self.free[i]
+        self._set(i, before, before & ~mask, spread, 1)
+
+    def give(self, i: int, mask: int, spread: str | None) -> None:
+        """Node ``i`` gets back the cards of ``mask`` from one pod."""
+        before = self.free[i]
+        self._set(i, before, before | (mask & self.layout.usable[i]), spread, -1)
+
+    def _set(self, i: int, before: int, after: int, spread: str | None, pods: int) -> None:
+        r = self.layout.node_rack[i]
+        if r < 0:
+            return
+        if self._depth:
+            self._journal.append((i, before, spread, pods))
+        self.free[i] = after
+        s = self.layout.rack_sn[r]
+        delta = after.bit_count() - before.bit_count()
+        self.rack_free[r] += delta
+        self.sn_free[s] += delta
+        self.sn_version[s] += 1
+        usable = self.layout.usable[i]
+        old = 0 if not before else 2 if before == usable else 1
+        new = 0 if not after else 2 if after == usable else 1
+        if old != new:
+            self._reclassify(i, r, s, old, new)
+        if spread is not None:
+            counts = self.rack_spread[r]
+            counts[spread] = counts.get(spread, 0) + pods
+
+    def _reclassify(self, i: int, r: int, s: int, old: int, new: int) -> None:
+        """Move node ``i`` between full (0), partially used (1) and empty (2)."""
+        if old == 2:
+            self.rack_empty[r].discard(i)
+        elif old == 1:
+            self.rack_partial[r].discard(i)
+            self.sn_partial[s].discard(i)
+        if new == 2:
+            self.rack_empty[r].add(i)
+        elif new == 1:
+            self.rack_partial[r].add(i)
+            self.sn_partial[s].add(i)
+
+    # ---- tentative changes ----------------------------------------------------------------
+
+    @contextmanager
+    def tentative(self) -> Iterator[None]:
+        """Everything changed inside is undone on exit (commit a placement afterwards)."""
+        mark = self.mark()
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            self.undo(mark)
+
+    def mark(self) -> int:
+        return len(self._journal)
+
+    def undo(self, mark: int) -> None:
+        """Undo the journalled changes made since ``mark``, newest first."""
+        depth, self._depth = self._depth, 0
+        journal = self._journal
+        while len(journal) > mark:
+            change = journal.pop()
+            if len(change) == 4:
+                i, before, spread, pods = change
+                self._set(i, self.free[i], before, spread, -pods)
+            else:
+                gang, pod, held = change
+                self._restore_held(gang, pod, held)
+        self._depth = depth
+
+    def _restore_held(self, gang: GangKey, pod: PodKey, held: Held | None) -> None:
+        pods = self.held.setdefault(gang, {})
+        if held is None:
+            pods.pop(pod, None)
+        else:
+            pods[pod] = held
+        if not pods:
+            del self.held[gang]
+
+
+def _spares(
+    topologies: Sequence[SuperNodeTopology], holdings: Sequence[Holding]
+) -> dict[str, tuple[NodeName, ...]]:
+    """Spare nodes per supernode, chosen by :func:`inventory.choose_spares` itself so that
+    SuperNode status and the engine agree (ready, fully healthy, idle, last in name order)."""
+    allocated: dict[NodeName, int] = {}
+    for h in holdings:
+        allocated[h.node] = allocated.get(h.node, 0) + len(h.cards)
+    spares: dict[str, tuple[NodeName, ...]] = {}
+    for t in topologies:
+        infos = sorted((_node_info(t, slot) for slot in t.nodes), key=lambda n: n.name)
+        spares[t.name] = inventory.choose_spares(infos, t.card_resource, allocated, t.spares)
+    return spares
+
+
+def _node_info(topology: SuperNodeTopology, slot: NodeSlot) -> inventory.NodeInfo:
+    usable = set(range(slot.cards)) if slot.usable is None else set(slot.usable)
+    unhealthy = frozenset(c for c in range(slot.cards) if c not in usable)
+    return inventory.NodeInfo(
+        slot.name, {}, bool(usable), {topology.card_resource: slot.cards}, unhealthy
+    )
