@@ -1,4 +1,74 @@
 """Checkpoint tiers, the node checkpoint daemon, the trainer client and the recovery policy.
 
-Imports neither kopf nor a Kubernetes client: it ships inside training images.
+Imports neither kopf nor a Kubernetes client: it ships inside training images. The data plane
+of DESIGN.md's recovery contract:
+
+* ``client.Checkpointer`` — the trainer side: save, restore, latest (one per rank).
+* ``daemon`` — the node checkpoint daemon (``matrixpool-ckpt-daemon``), with ``memory`` (tier 1)
+  and ``files`` (tiers 2 and 3) as its stores.
+* ``staging``, ``shard``, ``checksum``, ``manifest`` — bytes, format, integrity, commit rule.
+* ``spec`` — which tiers a step reaches; ``names`` — names that cannot escape a directory.
+
+The client needs NumPy (``Checkpointer`` is imported on first use); the daemon does not.
+
+Errors (``errors``)::
+
+    CheckpointError
+    ├── InvalidNameError          job, rank or step that is malformed or escapes a directory
+    ├── DaemonError               the daemon answered with an error status
+    │   ├── AuthError             401 no token, 403 wrong token
+    │   ├── MemoryFullError       507 tier-1 memory full of steps that may not be evicted
+    │   └── NotFoundError         404 no such shard or buffer
+    ├── DaemonUnreachableError    refused, reset or timed out: a lost node
+    ├── IntegrityError            checksum, size or format mismatch: corrupt or partial copy
+    ├── NoCheckpointError         no step committed for every rank, or no valid copy left
+    └── TierWriteError            a save failed on some tiers while the others carry on
 """
+
+from typing import TYPE_CHECKING, Any
+
+from matrixpool_recovery.errors import (
+    AuthError,
+    CheckpointError,
+    DaemonError,
+    DaemonUnreachableError,
+    IntegrityError,
+    InvalidNameError,
+    MemoryFullError,
+    NoCheckpointError,
+    NotFoundError,
+    TierWriteError,
+)
+from matrixpool_recovery.spec import CheckpointSpec
+
+if TYPE_CHECKING:
+    from matrixpool_recovery.client import Checkpointer, Restored, SaveHandle
+
+_CLIENT = ("Checkpointer", "Restored", "SaveHandle")
+
+
+def __getattr__(name: str) -> Any:
+    """The client is imported on first use: it needs NumPy, the daemon does not."""
+    if name in _CLIENT:
+        from matrixpool_recovery import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module 'matrixpool_recovery' has no attribute {name!r}")
+
+
+__all__ = [
+    "AuthError",
+    "CheckpointError",
+    "CheckpointSpec",
+    "Checkpointer",
+    "DaemonError",
+    "DaemonUnreachableError",
+    "IntegrityError",
+    "InvalidNameError",
+    "MemoryFullError",
+    "NoCheckpointError",
+    "NotFoundError",
+    "Restored",
+    "SaveHandle",
+    "TierWriteError",
+]

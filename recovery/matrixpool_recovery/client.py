@@ -1,0 +1,504 @@
+"""The trainer client: ``Checkpointer`` saves a rank's state through the node daemon and
+restores it from the fastest valid copy. Called by training code, one per rank::
+
+    ckpt = Checkpointer("ns.llm", rank, world_size, "10.0.0.7:7040", token, spec=spec)
+    restored = ckpt.restore() if ckpt.latest() is not None else None
+    for step in ...:
+        forward_backward()
+        ckpt.wait_staged()                 # the previous save has copied what it needs
+        optimizer_step()
+        ckpt.save(step, state)             # returns at once; copies and writes in the background
+    ckpt.wait()                            # raises TierWriteError if a tier failed
+
+Saving (phases numbered as they run):
+1. ``save`` captures the state without copying (``staging.Stager``): NumPy arrays turn
+   read-only until copied, CUDA tensors start copying into reused pinned buffers.
+2. A background thread reserves a buffer in the daemon's memory directory (shared with the
+   trainer on the node; uploads over HTTP otherwise), copies the state into it while hashing,
+   gives the arrays back (``wait_staged`` returns), and commits: the shard is tier 1 at once.
+3. The daemon pushes copies to peers and writes tiers 2 and 3 as the step is due
+   (``spec.CheckpointSpec``); the thread follows the daemon's status and records failures,
+   which ``wait`` raises as ``TierWriteError`` while the other tiers carry on.
+
+Restoring: the step is the newest committed for every rank across the sources the client can
+reach (the node's daemon, the peers, the persistent URI); this rank's shard is read from the
+fastest of them, local memory, peer memory, local disk, peer disk, then the persistent URI,
+verifying the checksum and falling to the next source on a corrupt, partial or missing copy.
+
+``Checkpointer.from_env`` reads what the operator puts in the pod: MATRIXPOOL_JOB,
+MATRIXPOOL_RANK, MATRIXPOOL_WORLD_SIZE, MATRIXPOOL_CKPT_DAEMON (host:port),
+MATRIXPOOL_CKPT_TOKEN or MATRIXPOOL_CKPT_TOKEN_FILE, MATRIXPOOL_CKPT_PEERS (comma-separated)
+and MATRIXPOOL_CHECKPOINT (the job's spec.checkpoint as JSON).
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import mmap
+import os
+import queue
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from matrixpool_recovery import errors, files, manifest, names, staging, wire
+from matrixpool_recovery.spec import LOCAL, MEMORY, TIERS, CheckpointSpec
+
+log = logging.getLogger(__name__)
+FOLLOW_WAIT = 30.0  # seconds per status request while following a save
+SOURCE_ORDER = ("memory", "peer", "local", "peer-local", "persistent")  # fastest first
+READ_ERRORS = (errors.CheckpointError, OSError, http.client.HTTPException, ValueError)
+
+
+@dataclass
+class SaveHandle:
+    """One save in flight: when it was staged, and what each tier answered."""
+
+    step: int
+    tiers: tuple[str, ...]  # asked for: memory, local, persistent
+    started: float = field(default_factory=time.perf_counter)  # when save() was called
+    staged: threading.Event = field(default_factory=threading.Event)  # arrays given back
+    done: threading.Event = field(default_factory=threading.Event)  # every tier answered
+    outcomes: dict[str, dict[str, Any]] = field(default_factory=dict)  # tier -> daemon's answer
+    times: dict[str, float] = field(default_factory=dict)  # "staged", "memory", "done" -> clock
+
+    def mark(self, what: str) -> None:
+        self.times[what] = time.perf_counter()
+
+    def wait_staged(self, timeout: float | None = None) -> None:
+        if not self.staged.wait(timeout):
+            raise TimeoutError(f"step {self.step} not staged within {timeout}s")
+
+    @property
+    def failures(self) -> dict[str, str]:
+        return {
+            tier: str(outcome.get("error", outcome.get("state")))
+            for tier, outcome in self.outcomes.items()
+            if outcome.get("state") != "ok"
+        }
+
+    def wait(self, timeout: float | None = None) -> dict[str, dict[str, Any]]:
+        """Block until every tier answered; raise TierWriteError if one failed."""
+        if not self.done.wait(timeout):
+            raise TimeoutError(f"step {self.step} not written within {timeout}s")
+        if self.failures:
+            raise errors.TierWriteError(self.step, self.failures)
+        return self.outcomes
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What restore found."""
+
+    step: int  # the step restored
+    state: dict[str, Any]  # names to bytes, NumPy arrays or tensors
+    source: str  # where the shard came from, e.g. "peer:node-c" or "persistent"
+
+
+@dataclass(frozen=True)
+class _Source:
+    kind: str  # one of SOURCE_ORDER
+    holding: manifest.Holding  # what the source says it holds
+    endpoint: wire.Endpoint | None  # the daemon holding it; None for tier 3
+    rank_of_peer: int = 0  # position in the peer list, to prefer earlier peers
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}:{self.holding.node}" if self.holding.node else self.kind
+
+
+@dataclass
+class _Save:
+    handle: SaveHandle
+    captured: staging.Captured
+
+
+class Checkpointer:
+    """Saves and restores one rank's state (see the module docstring)."""
+
+    def __init__(
+        self,
+        job: str,
+        rank: int,
+        world_size: int,
+        daemon: str,
+        token: str,
+        *,
+        spec: CheckpointSpec | None = None,
+        peers: Sequence[str] | None = None,
+        background_staging: bool = True,
+        timeout: float = 600.0,
+    ) -> None:
+        self.job = names.job(job)  # validated: it becomes a directory name
+        self.rank = names.rank(rank)
+        if not 0 <= self.rank < world_size:
+            raise errors.InvalidNameError(f"rank {rank} outside a world of {world_size}")
+        self.world_size = world_size
+        self.spec = spec or CheckpointSpec()  # cadence of the tiers
+        self.daemon = wire.Endpoint(daemon, token)  # this node's daemon
+        self._peers = None if peers is None else [wire.Endpoint(p, token) for p in peers]
+        self.background_staging = background_staging  # False: save() returns once staged
+        self.timeout = timeout  # seconds a save may take to reach every tier
+        self._stager = staging.Stager()
+        self._queue: queue.Queue[_Save | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._handles: list[SaveHandle] = []
+        self._committed: int | None = None  # newest tier-1 step known committed for all ranks
+        self._colocated: bool | None = None  # may this process open the daemon's buffers?
+        self._maps: OrderedDict[str, tuple[mmap.mmap, int]] = OrderedDict()  # buffer -> map
+        self._upload: np.ndarray[Any, np.dtype[np.uint8]] | None = None  # reused, remote case
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Checkpointer:
+        env = os.environ if environ is None else environ
+        token = (
+            env.get("MATRIXPOOL_CKPT_TOKEN")
+            or Path(env["MATRIXPOOL_CKPT_TOKEN_FILE"]).read_text().strip()
+        )
+        peers = [p for p in env.get("MATRIXPOOL_CKPT_PEERS", "").split(",") if p]
+        spec_json = env.get("MATRIXPOOL_CHECKPOINT")
+        return cls(
+            env["MATRIXPOOL_JOB"],
+            int(env["MATRIXPOOL_RANK"]),
+            int(env["MATRIXPOOL_WORLD_SIZE"]),
+            env["MATRIXPOOL_CKPT_DAEMON"],
+            token,
+            spec=CheckpointSpec.from_json(spec_json) if spec_json else None,
+            peers=peers or None,
+        )
+
+    # --- saving ---
+
+    def save(
+        self, step: int, state: Mapping[str, Any], *, tiers: Sequence[str] | None = None
+    ) -> SaveHandle:
+        """Capture the state and return; copying and writing go on in the background.
+
+        `tiers` overrides the cadence (e.g. every tier for a checkpoint the operator asked
+        for). Until ``wait_staged`` returns, NumPy arrays of the state are read-only and the
+        trainer must not change tensors of it.
+        """
+        names.step(step)
+        chosen = tuple(tiers) if tiers is not None else self.spec.due(step)
+        if not set(chosen) <= set(TIERS):
+            raise ValueError(f"tiers {chosen} not among {TIERS}")
+        handle = SaveHandle(step, chosen)
+        if not chosen:
+            handle.staged.set()
+            handle.done.set()
+            return handle
+        self.wait_staged()
+        self._handles = [h for h in self._handles if not h.done.is_set() or h.failures]
+        self._handles.append(handle)
+        self._queue.put(_Save(handle, self._stager.capture(self.job, self.rank, step, state)))
+        self._ensure_thread()
+        if not self.background_staging:
+            handle.wait_staged()
+        return handle
+
+    def wait_staged(self) -> None:
+        """Block until every save has copied the state it captured (arrays writable again)."""
+        for handle in self._handles:
+            handle.staged.wait()
+
+    def wait(self) -> None:
+        """Block until every save reached every tier; raise TierWriteError for the failures."""
+        handles, self._handles = self._handles, []
+        failed: dict[str, str] = {}
+        steps: list[int] = []
+        for handle in handles:
+            handle.done.wait()
+            if handle.failures:
+                steps.append(handle.step)
+                failed.update(
+                    {t: f"step {handle.step}: {why}" for t, why in handle.failures.items()}
+                )
+        if failed:
+            raise errors.TierWriteError(steps[-1], failed)
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name=f"ckpt-{self.job}-{self.rank}", daemon=True
+            )
+            self._thread.start()
+
+    def _run(self) -> None:
+        for _ in iter(int, 1):  # until close() queues None
+            item = self._queue.get()
+            if item is None:
+                return
+            self._process(item)
+
+    def _process(self, item: _Save) -> None:
+        handle = item.handle
+        try:
+            tiers = self._hand_over(item)
+            self._follow(handle, tiers)
+        except READ_ERRORS as err:
+            log.warning("checkpoint step %d failed: %s", handle.step, err)
+            for tier in handle.tiers:
+                handle.outcomes.setdefault(tier, {"state": "error", "error": str(err)})
+        finally:
+            item.captured.release()
+            handle.staged.set()
+            handle.mark("done")
+            handle.done.set()
+
+    def _options(self, handle: SaveHandle) -> dict[str, Any]:
+        return {
+            "worldSize": self.world_size,
+            "tiers": ",".join(handle.tiers),
+            "peerReplicas": self.spec.peer_replicas,
+            "persistentUri": self.spec.persistent_uri,
+            "committed": self._committed,
+        }
+
+    def _hand_over(self, item: _Save) -> list[str]:
+        """Phase 2: stage into the daemon's memory (or upload) and commit; the daemon's tiers."""
+        handle, layout = item.handle, item.captured.layout
+        path = wire.shard_path(self.job, self.rank, handle.step, "reserve")
+        if self._is_colocated():
+            buffer = wire.request(
+                self.daemon, "POST", path, {"size": layout.size, "committed": self._committed}
+            )
+            digest = self._stage_into_buffer(item, buffer)
+            body = {
+                **self._options(handle),
+                "buffer": buffer["buffer"],
+                "size": layout.size,
+                "checksum": digest,
+            }
+            answer = wire.request(
+                self.daemon,
+                "POST",
+                wire.shard_path(self.job, self.rank, handle.step, "commit"),
+                body,
+            )
+        else:
+            answer = self._upload_shard(item)
+        handle.mark(MEMORY)
+        return [str(t) for t in answer["tiers"]]
+
+    def _stage_into_buffer(self, item: _Save, buffer: Mapping[str, Any]) -> str:
+        size = item.captured.layout.size
+        for stale in set(self._maps) - set(buffer["live"]):  # the daemon deleted these files
+            self._maps.pop(stale)[0].close()
+        mapping = self._mapping(str(buffer["buffer"]), Path(buffer["path"]), size)
+        dest = np.frombuffer(mapping, dtype=np.uint8, count=size)
+        try:
+            digest = staging.write_shard(item.captured, dest)
+        finally:
+            del dest
+        self._staged(item)
+        return digest
+
+    def _staged(self, item: _Save) -> None:
+        item.captured.release()
+        item.handle.mark("staged")
+        item.handle.staged.set()
+
+    def _upload_shard(self, item: _Save) -> Any:
+        size = item.captured.layout.size
+        if self._upload is None or self._upload.nbytes != size:
+            self._upload = np.empty(size, dtype=np.uint8)
+        digest = staging.write_shard(item.captured, self._upload)
+        self._staged(item)
+        options = self._options(item.handle)
+        meta = {wire.HEADER + "Checksum": digest}
+        for key, value in options.items():
+            if value is not None:
+                meta[wire.HEADER + _header_name(key)] = str(value)
+        path = wire.shard_path(self.job, self.rank, item.handle.step, "shard")
+        return wire.put_shard(self.daemon, path, meta, self._upload.data, size)
+
+    def _follow(self, handle: SaveHandle, tiers: list[str]) -> None:
+        """Phase 3: poll the daemon's status until every tier answered or time ran out."""
+        path = wire.shard_path(self.job, self.rank, handle.step, "status", wait=FOLLOW_WAIT)
+        deadline = time.monotonic() + self.timeout
+        answered: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            answered = wire.request(self.daemon, "GET", path, timeout=FOLLOW_WAIT + 30)["tiers"]
+            if all(o.get("state") != "pending" for o in answered.values()):
+                break
+        for tier in tiers:
+            outcome = answered.get(tier, {"state": "pending"})
+            if outcome.get("state") == "pending":
+                outcome = {"state": "error", "error": f"not written within {self.timeout}s"}
+            handle.outcomes[tier] = outcome
+        if handle.outcomes.get(MEMORY, {}).get("state") == "ok":
+            self._committed = self._newest_memory_step()
+
+    def _newest_memory_step(self) -> int | None:
+        found = [s.holding for s in self._sources() if s.holding.tier == MEMORY]
+        return manifest.newest_complete(found, self.world_size, MEMORY)
+
+    # --- the daemon's memory, mapped ---
+
+    def _is_colocated(self) -> bool:
+        """Does this process see the daemon's memory directory (same node, shared tmpfs)?"""
+        if self._colocated is None:
+            info = wire.request(self.daemon, "GET", "/v1/info")
+            try:
+                self._colocated = Path(info["probe"]["path"]).read_text() == info["probe"]["nonce"]
+            except OSError:
+                self._colocated = False
+        return self._colocated
+
+    def _mapping(self, buffer_id: str, path: Path, size: int) -> mmap.mmap:
+        """The buffer mapped into this process; kept, since the daemon hands it back."""
+        cached = self._maps.pop(buffer_id, None)
+        if cached is not None and cached[1] == size:
+            self._maps[buffer_id] = cached
+            return cached[0]
+        if cached is not None:
+            cached[0].close()
+        with open(path, "r+b") as file:
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            mapping = mmap.mmap(file.fileno(), size, flags=flags)
+        self._maps[buffer_id] = (mapping, size)
+        while len(self._maps) > self._maps_kept():
+            _, (old, _) = self._maps.popitem(last=False)
+            old.close()
+        return mapping
+
+    def _maps_kept(self) -> int:
+        return 3  # the buffer being written and the two kept steps it cycles through
+
+    # --- restoring ---
+
+    def latest(self) -> int | None:
+        """The newest step committed for every rank on any tier that can be reached."""
+        return manifest.newest_complete([s.holding for s in self._sources()], self.world_size)
+
+    def committed(self) -> dict[str, int | None]:
+        """Per tier, the newest step committed for every rank."""
+        return manifest.committed([s.holding for s in self._sources()], self.world_size, TIERS)
+
+    def restore(
+        self, step: int | None = None, *, into: Mapping[str, Any] | None = None
+    ) -> Restored:
+        """The state of this rank at `step` (default: the newest committed for every rank).
+
+        `into` maps names to arrays or tensors to fill in place (a model's own tensors).
+        """
+        self._drain()
+        sources = self._sources()
+        chosen = (
+            step
+            if step is not None
+            else manifest.newest_complete([s.holding for s in sources], self.world_size)
+        )
+        if chosen is None:
+            raise errors.NoCheckpointError(f"{self.job}: no step is committed for every rank")
+        mine = [s for s in sources if s.holding.step == chosen and s.holding.rank == self.rank]
+        mine.sort(key=lambda s: (SOURCE_ORDER.index(s.kind), s.rank_of_peer))
+        failures: list[str] = []
+        for source in mine:
+            try:
+                return Restored(chosen, self._fetch(source, into), source.name)
+            except READ_ERRORS as err:
+                log.warning("restore from %s failed, trying the next source: %s", source.name, err)
+                failures.append(f"{source.name}: {err}")
+        raise errors.NoCheckpointError(
+            f"{self.job}: no valid copy of rank {self.rank} at step {chosen} "
+            f"({'; '.join(failures) or 'no source holds it'})"
+        )
+
+    def _drain(self) -> None:
+        for handle in self._handles:
+            handle.done.wait()
+
+    def _peer_endpoints(self) -> list[wire.Endpoint]:
+        if self._peers is None:
+            try:
+                info = wire.request(self.daemon, "GET", "/v1/info")
+                self._peers = [wire.Endpoint(p, self.daemon.token) for p in info["peers"]]
+            except errors.DaemonUnreachableError:
+                return []
+        return self._peers
+
+    def _sources(self) -> list[_Source]:
+        """Every copy the reachable daemons and the persistent URI hold of this job."""
+        found: list[_Source] = []
+        daemons = [(self.daemon, 0)] + [(p, i + 1) for i, p in enumerate(self._peer_endpoints())]
+        for endpoint, order in daemons:
+            for holding in self._inventory(endpoint):
+                kind = {MEMORY: "memory", LOCAL: "local"}[holding.tier]
+                if order:
+                    kind = "peer" if holding.tier == MEMORY else "peer-local"
+                found.append(_Source(kind, holding, endpoint, order))
+        if self.spec.persistent_uri:
+            store = files.Persistent(self.spec.persistent_uri, keep=1)
+            for built in store.manifests(self.job):
+                found += [_Source("persistent", h, None) for h in manifest.holdings(built)]
+        return found
+
+    def _inventory(self, endpoint: wire.Endpoint) -> list[manifest.Holding]:
+        try:
+            answer = wire.request(endpoint, "GET", f"/v1/inventory?job={self.job}")
+        except errors.DaemonUnreachableError as err:
+            log.info("skipping unreachable daemon: %s", err)
+            return []
+        return [manifest.Holding.from_json(s) for s in answer["shards"]]
+
+    def _fetch(self, source: _Source, into: Mapping[str, Any] | None) -> dict[str, Any]:
+        holding = source.holding
+        if source.endpoint is None:
+            _, path = files.Persistent(str(self.spec.persistent_uri), keep=1).locate(
+                self.job, self.rank, holding.step
+            )
+            return _read_file(path, holding, into)
+        if source.kind == "memory" and self._is_colocated():
+            where = wire.shard_path(self.job, self.rank, holding.step, "path")
+            return _read_file(
+                Path(wire.request(source.endpoint, "GET", where)["path"]), holding, into
+            )
+        tier = MEMORY if source.kind in ("memory", "peer") else LOCAL
+        where = wire.shard_path(self.job, self.rank, holding.step, "shard", tier=tier)
+        download = wire.get_shard(source.endpoint, where)
+        try:
+            _, state = staging.read_shard(download.read_into, download.size, holding.checksum, into)
+        finally:
+            download.close()
+        return state
+
+    def close(self) -> None:
+        """Finish the saves in flight, stop the thread, unmap the daemon's buffers."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+        for mapping, _ in self._maps.values():
+            mapping.close()
+        self._maps.clear()
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _header_name(key: str) -> str:
+    """worldSize -> World-Size: the daemon reads upload options from these headers."""
+    return re.sub(r"([A-Z])", r"-\1", key).title()
+
+
+def _read_file(
+    path: Path, holding: manifest.Holding, into: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    with open(path, "rb", buffering=0) as file:
+        size = os.fstat(file.fileno()).st_size
+        if size != holding.size:
+            raise errors.IntegrityError(f"{path} is {size} bytes, its manifest says {holding.size}")
+        _, state = staging.read_shard(file.readinto, size, holding.checksum, into)
+    return state

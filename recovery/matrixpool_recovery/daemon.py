@@ -1,0 +1,628 @@
+"""The node checkpoint daemon (console script ``matrixpool-ckpt-daemon``), one per node.
+
+Holds tier-1 shards in memory so they outlive trainer processes and pods, writes tier 2 to the
+node's disk and tier 3 to the job's URI, pushes tier-1 copies to the peer daemons it is told
+about (the operator picks peers on nodes in another rack), serves shards to restoring
+trainers and to peers, and reports its inventory. Started by the chart's DaemonSet, by the
+multi-process tests and by the benchmarks.
+
+HTTP API (JSON unless noted; every call but healthz needs ``Authorization: Bearer TOKEN``)::
+
+    GET    /v1/healthz                                  liveness, no token
+    GET    /v1/info                                     node, memory directory, peers, usage
+    GET    /v1/inventory[?job=J]                        shards held: job rank step tier size
+                                                        checksum (tiers 1 and 2)
+    POST   /v1/peers             {"peers": [host:port]} replace the peer list
+    DELETE /v1/jobs/J                                   forget a finished job
+    and under /v1/jobs/J/ranks/R/steps/S/:
+    POST   reserve   {"size"}                           a memory buffer to write a shard into
+    POST   commit    {"buffer", "checksum", ...}        take a written buffer, start the tiers
+    PUT    shard     body: shard bytes                  the same for a peer or a remote trainer
+    GET    shard?tier=memory|local                      the shard bytes (sendfile)
+    GET    path?tier=memory                             the buffer file, for a trainer on the node
+    GET    status?wait=SECONDS                          per tier: pending, ok or error
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hmac
+import json
+import logging
+import mmap
+import os
+import re
+import secrets
+import signal
+import socket
+import sys
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from matrixpool_recovery import checksum, errors, files, manifest, memory, names, wire
+from matrixpool_recovery.spec import LOCAL, MEMORY, PEERS, PERSISTENT, TIERS
+
+log = logging.getLogger("matrixpool_recovery.daemon")
+MAX_JSON = 1 << 20  # bytes of a JSON request body
+RECEIVE_PIECE = 4 << 20  # bytes per read when a shard arrives
+MAX_WAIT = 60.0  # seconds a status request may wait
+STATUSES_KEPT = 4096  # save statuses remembered
+ReadInto = Callable[[memoryview], int]  # fills a buffer from the request body
+_STATUS = {
+    errors.InvalidNameError: 400,
+    errors.NotFoundError: 404,
+    errors.MemoryFullError: 507,
+    errors.IntegrityError: 422,
+}
+
+
+@dataclass(frozen=True)
+class SaveOptions:
+    """What a save asks of the daemon, from a commit body or upload headers."""
+
+    world_size: int  # ranks of the job
+    tiers: tuple[str, ...]  # of memory, local, persistent
+    peer_replicas: int = 0  # tier-1 copies to push to peers
+    persistent_uri: str | None = None  # tier 3
+    committed: int | None = None  # newest step committed for every rank, as the trainer knows
+    origin: str = ""  # node whose trainer wrote the shard
+    replica: bool = False  # a peer's copy: keep, do not push further
+
+    @classmethod
+    def parse(cls, get: Callable[[str], Any], origin: str) -> SaveOptions:
+        tiers = tuple(t for t in str(get("tiers") or MEMORY).split(",") if t)
+        if not tiers or not set(tiers) <= set(TIERS):
+            raise ValueError(f"tiers {tiers} not among {TIERS}")
+        committed = get("committed")
+        return cls(
+            world_size=names.number(str(get("worldSize")), "world size", names.MAX_RANK),
+            tiers=tiers,
+            peer_replicas=int(get("peerReplicas") or 0),
+            persistent_uri=get("persistentUri") or None,
+            committed=None if committed in (None, "") else int(committed),
+            origin=str(get("origin") or origin),
+            replica=str(get("replica") or "") in ("1", "true", "True"),
+        )
+
+
+@dataclass
+class SaveStatus:
+    """Outcome per tier of one save; waiters are woken as tiers finish."""
+
+    results: dict[str, dict[str, Any] | None]  # tier -> None (pending) or its outcome
+    cond: threading.Condition = field(default_factory=threading.Condition)
+
+    def set(self, tier: str, outcome: dict[str, Any]) -> None:
+        with self.cond:
+            self.results[tier] = outcome
+            self.cond.notify_all()
+
+    def wait(self, timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while None in self.results.values() and (left := deadline - time.monotonic()) > 0:
+                self.cond.wait(left)
+            return {t: r or {"state": "pending"} for t, r in self.results.items()}
+
+
+class Daemon:
+    """State of one node's daemon; the request handler calls it."""
+
+    def __init__(
+        self,
+        node: str,
+        token: str,
+        mem: memory.MemoryTier,
+        disk: files.DiskTier,
+        peers: Sequence[str],
+        keep: int,
+        workers: int = 4,
+    ) -> None:
+        self.node = node  # this node's name
+        self.token = token  # the shared token requests must carry
+        self.memory = mem  # tier 1
+        self.disk = disk  # tier 2
+        self.peers = list(peers)  # daemons to push tier-1 copies to, in order of preference
+        self.keep = keep  # steps kept per job and tier
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="ckpt-tier")
+        self.nonce = secrets.token_hex(16)  # proves a trainer shares the memory directory
+        self._statuses: OrderedDict[tuple[str, int, int], SaveStatus] = OrderedDict()
+        self._lock = threading.Lock()
+        manifest.write_atomic(mem.root / "probe", self.nonce.encode())
+
+    def authorized(self, header: str | None) -> None:
+        if not header:
+            raise errors.AuthError("needs Authorization: Bearer TOKEN", 401)
+        given = header.removeprefix("Bearer ").strip().encode()
+        if not hmac.compare_digest(given, self.token.encode()):
+            raise errors.AuthError("wrong token", 403)
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "memoryDir": str(self.memory.root),
+            "memoryBytes": self.memory.limit,
+            "usedBytes": self.memory.used(),
+            "peers": self.peers,
+            "keep": self.keep,
+            "probe": {"path": str(self.memory.root / "probe"), "nonce": self.nonce},
+        }
+
+    def inventory(self, job: str | None) -> dict[str, Any]:
+        found = self.memory.manifests(job) + self.disk.manifests(job)
+        shards = [h.to_json() for m in found for h in manifest.holdings(m)]
+        return {"node": self.node, "shards": shards}
+
+    # --- saves ---
+
+    def stored(
+        self, job: str, rank: int, step: int, record: manifest.ShardRecord, options: SaveOptions
+    ) -> dict[str, Any]:
+        """A written buffer becomes a tier-1 shard (or transit); the other tiers start."""
+        self.memory.protect(job, options.committed)
+        hold = MEMORY in options.tiers
+        self.memory.commit(job, rank, step, record, options.world_size, hold)
+        tasks = self._tasks(job, rank, step, record, options, hold)
+        pending: dict[str, dict[str, Any] | None] = dict.fromkeys(tasks)
+        if hold:
+            pending[MEMORY] = None
+        status = SaveStatus(pending)
+        with self._lock:
+            self._statuses[(job, rank, step)] = status
+            while len(self._statuses) > STATUSES_KEPT:
+                self._statuses.popitem(last=False)
+        if hold:
+            status.set(MEMORY, {"state": "ok", "node": self.node})
+        self._start(record.buffer, tasks, status, hold)
+        return {"node": self.node, "tiers": list(status.results)}
+
+    def _tasks(
+        self,
+        job: str,
+        rank: int,
+        step: int,
+        record: manifest.ShardRecord,
+        options: SaveOptions,
+        hold: bool,
+    ) -> dict[str, Callable[[Path], dict[str, Any]]]:
+        tasks: dict[str, Callable[[Path], dict[str, Any]]] = {}
+        if hold and options.peer_replicas > 0 and not options.replica:
+            tasks[PEERS] = lambda p: self._replicate(job, rank, step, record, options, p)
+        if LOCAL in options.tiers:
+            tasks[LOCAL] = lambda p: self._timed(
+                lambda: self.disk.store(p, record, job, step, options.world_size)
+            )
+        if PERSISTENT in options.tiers:
+            tasks[PERSISTENT] = lambda p: self._persist(job, step, record, options, p)
+        return tasks
+
+    def _start(
+        self,
+        buffer_id: str,
+        tasks: dict[str, Callable[[Path], dict[str, Any]]],
+        status: SaveStatus,
+        hold: bool,
+    ) -> None:
+        if not tasks and not hold:
+            self.memory.release_transit(buffer_id)
+        left = [len(tasks)]
+        paths = {tier: self.memory.busy(buffer_id) for tier in tasks}
+
+        def run(tier: str, task: Callable[[Path], dict[str, Any]]) -> None:
+            try:
+                status.set(tier, task(paths[tier]))
+            except Exception as err:  # every failure is reported to the trainer
+                log.warning("%s tier of %s failed: %s", tier, buffer_id, err)
+                status.set(tier, {"state": "error", "error": _describe(tier, err)})
+            finally:
+                self.memory.unbusy(buffer_id)
+                with self._lock:
+                    left[0] -= 1
+                    done = left[0] == 0
+                if done and not hold:
+                    self.memory.release_transit(buffer_id)
+
+        for tier, task in tasks.items():
+            self.pool.submit(run, tier, task)
+
+    @staticmethod
+    def _timed(action: Callable[[], object]) -> dict[str, Any]:
+        started = time.perf_counter()
+        action()
+        return {"state": "ok", "seconds": time.perf_counter() - started}
+
+    def _persist(
+        self, job: str, step: int, record: manifest.ShardRecord, options: SaveOptions, path: Path
+    ) -> dict[str, Any]:
+        if not options.persistent_uri:
+            raise errors.CheckpointError("no persistent URI given")
+        store = files.Persistent(options.persistent_uri, self.keep)
+        started = time.perf_counter()
+        try:
+            committed = store.store(path, record, job, step, options.world_size)
+        except OSError as err:
+            raise errors.CheckpointError(
+                f"persistent tier {options.persistent_uri} unwritable: {err}"
+            ) from err
+        return {"state": "ok", "seconds": time.perf_counter() - started, "committed": committed}
+
+    def _replicate(
+        self,
+        job: str,
+        rank: int,
+        step: int,
+        record: manifest.ShardRecord,
+        options: SaveOptions,
+        path: Path,
+    ) -> dict[str, Any]:
+        """Push the shard to `peer_replicas` peers, in the order of the peer list."""
+        meta = _upload_meta(record, options.world_size, MEMORY, self.node, replica=True)
+        url = wire.shard_path(job, rank, step, "shard")
+        reached: list[str] = []
+        failures: list[str] = []
+        started = time.perf_counter()
+        for peer in self.peers:
+            if len(reached) == options.peer_replicas:
+                break
+            try:
+                answer = wire.put_shard(
+                    wire.Endpoint(peer, self.token), url, meta, path, record.size
+                )
+                reached.append(str(answer.get("node", peer)))
+            except errors.CheckpointError as err:
+                failures.append(str(err))
+        seconds = time.perf_counter() - started
+        if len(reached) < options.peer_replicas:
+            raise errors.CheckpointError(
+                f"copied to {len(reached)} of {options.peer_replicas} peers "
+                f"({', '.join(failures) or 'no peers configured'})"
+            )
+        return {
+            "state": "ok",
+            "nodes": reached,
+            "seconds": seconds,
+            "bytes": record.size * len(reached),
+        }
+
+    def status(self, job: str, rank: int, step: int, wait: float) -> dict[str, Any]:
+        with self._lock:
+            found = self._statuses.get((job, rank, step))
+        if found is None:
+            raise errors.NotFoundError(f"no save of {job}/{rank}/{step} on {self.node}", 404)
+        return {"node": self.node, "tiers": found.wait(min(wait, MAX_WAIT))}
+
+    def receive(
+        self, job: str, rank: int, step: int, size: int, expected: str, read_into: ReadInto
+    ) -> manifest.ShardRecord:
+        """Read an uploaded shard into a reserved buffer, verifying its checksum."""
+        buffer = self.memory.reserve(job, rank, step, size)
+        running = checksum.Running(checksum.algorithm_of(expected))
+        try:
+            with open(self.memory.path(buffer.id), "r+b") as file, _mapped(file, size) as view:
+                _receive(read_into, view, running)
+            checksum.verify(expected, running, f"upload of {job}/{rank}/{step}")
+        except BaseException:
+            self.memory.abandon(buffer.id)
+            raise
+        return manifest.ShardRecord(rank, size, expected, buffer=buffer.id)
+
+
+@contextlib.contextmanager
+def _mapped(file: Any, size: int) -> Iterator[memoryview]:
+    # Populating the page table up front is 2-3x faster than one fault per page on receive.
+    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+    mapping = mmap.mmap(file.fileno(), size, flags=flags)
+    view = memoryview(mapping)
+    try:
+        yield view
+    finally:
+        view.release()
+        mapping.close()
+
+
+def _receive(read_into: ReadInto, view: memoryview, running: checksum.Running) -> None:
+    offset = 0
+    for _ in range(len(view) // 4096 + 64):
+        if offset == len(view):
+            return
+        got = read_into(view[offset : offset + RECEIVE_PIECE])
+        if not got:
+            break
+        running.update(view[offset : offset + got])
+        offset += got
+    if offset != len(view):
+        raise errors.IntegrityError(f"upload ended after {offset} of {len(view)} bytes")
+
+
+def _upload_meta(
+    record: manifest.ShardRecord, world_size: int, tiers: str, origin: str, replica: bool
+) -> dict[str, str]:
+    return {
+        wire.HEADER + "Checksum": record.checksum,
+        wire.HEADER + "World-Size": str(world_size),
+        wire.HEADER + "Tiers": tiers,
+        wire.HEADER + "Origin": origin,
+        wire.HEADER + "Replica": "1" if replica else "0",
+    }
+
+
+def _describe(tier: str, err: Exception) -> str:
+    return f"{tier}: {err or repr(err)}" if isinstance(err, OSError) else str(err) or repr(err)
+
+
+class Handler(BaseHTTPRequestHandler):
+    """Routes requests to the Daemon; errors become JSON answers with a status code."""
+
+    server: Server
+    protocol_version = "HTTP/1.0"
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s " + format, self.address_string(), *args)
+
+    def _dispatch(self, method: str) -> None:
+        parts = urlsplit(self.path)
+        segments = [unquote(s) for s in parts.path.split("/")[1:]]
+        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        try:
+            if segments != ["v1", "healthz"]:
+                self.server.daemon.authorized(self.headers.get("Authorization"))
+            self._route(method, segments, query)
+        except Exception as err:
+            self._fail(err)
+
+    def _route(self, method: str, segments: list[str], query: dict[str, str]) -> None:
+        daemon = self.server.daemon
+        match method, segments:
+            case "GET", ["v1", "healthz"]:
+                self._json({"ok": True, "node": daemon.node})
+            case "GET", ["v1", "info"]:
+                self._json(daemon.info())
+            case "GET", ["v1", "inventory"]:
+                job = query.get("job")
+                self._json(daemon.inventory(names.job(job) if job else None))
+            case "POST", ["v1", "peers"]:
+                daemon.peers = [str(p) for p in self._body()["peers"]]
+                self._json({"peers": daemon.peers})
+            case "DELETE", ["v1", "jobs", job]:
+                daemon.memory.drop_job(names.job(job))
+                daemon.disk.drop_job(job)
+                self._json({"deleted": job})
+            case _, ["v1", "jobs", job, "ranks", rank, "steps", step, action]:
+                key = (names.job(job), names.rank(rank), names.step(step))
+                self._shard(method, action, *key, query)
+            case _:
+                raise errors.NotFoundError(f"no route {method} {self.path}", 404)
+
+    def _shard(
+        self, method: str, action: str, job: str, rank: int, step: int, query: dict[str, str]
+    ) -> None:
+        daemon = self.server.daemon
+        match method, action:
+            case "POST", "reserve":
+                body = self._body()
+                daemon.memory.protect(job, body.get("committed"))
+                buffer = daemon.memory.reserve(job, rank, step, int(body["size"]))
+                where = str(daemon.memory.path(buffer.id))
+                live = daemon.memory.owned(job, rank)
+                self._json({"buffer": buffer.id, "path": where, "size": buffer.size, "live": live})
+            case "POST", "commit":
+                body = self._body()
+                options = SaveOptions.parse(body.get, daemon.node)
+                record = manifest.ShardRecord(
+                    rank,
+                    int(body["size"]),
+                    str(body["checksum"]),
+                    options.origin,
+                    str(body["buffer"]),
+                )
+                self._json(daemon.stored(job, rank, step, record, options))
+            case "PUT", "shard":
+                self._upload(job, rank, step)
+            case "GET", "shard":
+                self._send_shard(job, rank, step, query.get("tier", MEMORY))
+            case "GET", "path":
+                record, path = daemon.memory.acquire(job, rank, step)
+                daemon.memory.unbusy(record.buffer)
+                self._json({"path": str(path), **record.to_json()})
+            case "GET", "status":
+                wait = float(query.get("wait", "0"))
+                self._json(daemon.status(job, rank, step, wait))
+            case _:
+                raise errors.NotFoundError(f"no route {method} {self.path}", 404)
+
+    def _upload(self, job: str, rank: int, step: int) -> None:
+        daemon = self.server.daemon
+        size = int(self.headers.get("Content-Length", "-1"))
+        if size <= 0:
+            raise ValueError("an upload needs a Content-Length")
+        meta = {k.removeprefix(wire.HEADER).lower(): v for k, v in self.headers.items()}
+
+        def get(key: str) -> Any:
+            return meta.get(re.sub(r"([A-Z])", r"-\1", key).lower())
+
+        options = SaveOptions.parse(get, daemon.node)
+        record = daemon.receive(job, rank, step, size, str(get("checksum")), self.rfile.readinto)
+        stored = manifest.ShardRecord(rank, size, record.checksum, options.origin, record.buffer)
+        self._json(daemon.stored(job, rank, step, stored, options))
+
+    def _send_shard(self, job: str, rank: int, step: int, tier: str) -> None:
+        daemon = self.server.daemon
+        if tier == MEMORY:
+            record, path = daemon.memory.acquire(job, rank, step)
+        elif tier == LOCAL:
+            record, path = daemon.disk.locate(job, rank, step)
+        else:
+            raise ValueError(f"tier {tier!r}: memory or local")
+        try:
+            with open(path, "rb") as file:
+                size = os.fstat(file.fileno()).st_size
+                self.send_response(200)
+                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Content-Length", str(size))
+                self.send_header(wire.HEADER + "Checksum", record.checksum)
+                self.send_header(wire.HEADER + "Origin", record.origin)
+                self.end_headers()
+                self.wfile.flush()
+                self.connection.sendfile(file, 0, size)
+        finally:
+            if tier == MEMORY:
+                daemon.memory.unbusy(record.buffer)
+
+    def _body(self) -> dict[str, Any]:
+        length = int(self.headers.get("Content-Length", "0"))
+        if not 0 < length <= MAX_JSON:
+            raise ValueError(f"a JSON body of 1..{MAX_JSON} bytes is needed")
+        body = json.loads(self.rfile.read(length))
+        if not isinstance(body, dict):
+            raise ValueError("the JSON body must be an object")
+        return body
+
+    def _json(self, data: Any, status: int = 200) -> None:
+        payload = json.dumps(data).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def _fail(self, err: Exception) -> None:
+        status = next((code for kind, code in _STATUS.items() if isinstance(err, kind)), 0)
+        if isinstance(err, errors.DaemonError) and err.status:
+            status = err.status
+        elif not status:
+            status = 400 if isinstance(err, ValueError | KeyError | TypeError) else 500
+        if status >= 500:
+            log.warning("%s %s failed: %r", self.command, self.path, err)
+        with contextlib.suppress(OSError):
+            self._json({"error": str(err) or repr(err)}, status)
+
+
+class Server(ThreadingHTTPServer):
+    """The HTTP server of a Daemon."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+    def __init__(self, address: tuple[str, int], daemon: Daemon) -> None:
+        self.daemon = daemon  # what the handlers act on
+        super().__init__(address, Handler)
+
+    def server_bind(self) -> None:
+        self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        super().server_bind()
+
+
+# --- command line ---
+
+_UNITS = {
+    "": 1,
+    "K": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "Ki": 1 << 10,
+    "Mi": 1 << 20,
+    "Gi": 1 << 30,
+    "Ti": 1 << 40,
+}
+
+
+MEMORY_HELP = "memory for tier-1 buffers and the daemon itself (the container's memory limit)"
+HEADROOM_HELP = "part of --memory-bytes kept for the daemon itself, not for buffers"
+
+
+def parse_bytes(text: str) -> int:
+    """A byte count such as 1073741824, 512Mi or 16Gi (Kubernetes quantity suffixes)."""
+    match = re.fullmatch(r"(\d+)(|K|M|G|T|Ki|Mi|Gi|Ti)", text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a byte count like 16Gi")
+    return int(match[1]) * _UNITS[match[2]]
+
+
+def arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="matrixpool-ckpt-daemon", description=__doc__.split("\n")[0]
+    )
+    add = parser.add_argument
+    add("--listen", default="127.0.0.1:7040", help="HOST:PORT to serve on (port 0: any)")
+    add("--node", default=socket.gethostname(), help="this node's name")
+    add("--data-dir", type=Path, default=Path("/var/lib/matrixpool/checkpoints"), help="tier 2")
+    add("--memory-dir", type=Path, default=Path("/dev/shm/matrixpool"), help="tier 1 (a tmpfs)")
+    add("--memory-bytes", type=parse_bytes, default=parse_bytes("8Gi"), help=MEMORY_HELP)
+    add("--memory-headroom", type=parse_bytes, default=parse_bytes("256Mi"), help=HEADROOM_HELP)
+    add("--token", default=os.environ.get("MATRIXPOOL_CKPT_TOKEN"), help="shared token")
+    add("--token-file", type=Path, help="file holding the shared token")
+    add("--keep", type=int, default=2, help="steps kept per job on each tier")
+    add("--peer", action="append", default=[], help="HOST:PORT of a peer daemon (repeatable)")
+    add("--ready-file", type=Path, help="write HOST:PORT here once serving")
+    add("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    if args.token_file:
+        args.token = args.token_file.read_text().strip()
+    if not args.token:
+        parser.error("a token is needed: --token, --token-file or MATRIXPOOL_CKPT_TOKEN")
+    if args.keep < 1 or args.memory_bytes <= args.memory_headroom:
+        parser.error("--keep must be >= 1 and --memory-bytes above --memory-headroom")
+    return args
+
+
+def build(args: argparse.Namespace) -> Server:
+    names.job(args.node)
+    mem = memory.MemoryTier(
+        args.memory_dir, args.node, args.memory_bytes - args.memory_headroom, args.keep
+    )
+    disk = files.DiskTier(args.data_dir, args.node, args.keep)
+    daemon = Daemon(args.node, args.token, mem, disk, args.peer, args.keep)
+    host, _, port = args.listen.rpartition(":")
+    return Server((host.strip("[]"), int(port)), daemon)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = arguments(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    server = build(args)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    serving = threading.Thread(target=server.serve_forever, name="ckpt-http")
+    serving.start()
+    host, port = str(server.server_address[0]), int(server.server_address[1])
+    if args.ready_file:
+        manifest.write_atomic(args.ready_file, f"{host}:{port}".encode())
+    log.info("node %s serving on %s:%s", args.node, host, port)
+    stop.wait()
+    server.shutdown()
+    serving.join()
+    server.server_close()
+    server.daemon.pool.shutdown(wait=True, cancel_futures=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

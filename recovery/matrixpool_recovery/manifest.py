@@ -1,0 +1,233 @@
+"""Manifests: the record that makes a step committed, and the commit rule.
+
+A manifest lists shards of one job at one step on one tier, each with its size and checksum.
+It is written last, after the shards it names are complete, and atomically (temporary file,
+fsync, rename, fsync of the directory): a reader sees the old manifest or the new one, never a
+half-written one, and never a shard that is still being written.
+
+* Tier 1 and tier 2 are per node: the daemon of each node writes a manifest of the shards it
+  holds (its own ranks on both tiers, and the peer copies it keeps in memory).
+* Tier 3 is shared: each rank's upload writes a sidecar, and the upload that completes the set
+  writes the one manifest listing every rank.
+
+A step is committed on a tier when the shards named by that tier's manifests cover every rank
+(``committed``); ``newest_complete`` picks the step a restore uses. Called by the daemon (write)
+and by the trainer client (read, decide).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from matrixpool_recovery import clock, errors
+
+FILE = "manifest.json"
+
+
+@dataclass(frozen=True)
+class ShardRecord:
+    """One shard named by a manifest."""
+
+    rank: int  # whose state
+    size: int  # bytes of the whole shard
+    checksum: str  # ALGORITHM:HEX over the whole shard
+    origin: str = ""  # node whose trainer wrote it (another node for peer copies)
+    buffer: str = ""  # tier 1: the daemon's buffer holding it
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "size": self.size,
+            "checksum": self.checksum,
+            "origin": self.origin,
+            "buffer": self.buffer,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ShardRecord:
+        return cls(
+            rank=int(data["rank"]),
+            size=int(data["size"]),
+            checksum=str(data["checksum"]),
+            origin=str(data.get("origin", "")),
+            buffer=str(data.get("buffer", "")),
+        )
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Shards of one job at one step on one tier, as held by one node (or shared, tier 3)."""
+
+    job: str
+    step: int
+    tier: str  # memory, local or persistent
+    world_size: int  # ranks of the job when the step was saved
+    node: str = ""  # holder; "" for the shared tier-3 manifest
+    shards: Mapping[int, ShardRecord] = field(default_factory=dict)  # by rank
+
+    def with_shard(self, record: ShardRecord) -> Manifest:
+        return Manifest(
+            self.job,
+            self.step,
+            self.tier,
+            self.world_size,
+            self.node,
+            {**self.shards, record.rank: record},
+        )
+
+    def without(self, rank: int) -> Manifest:
+        shards = {r: s for r, s in self.shards.items() if r != rank}
+        return Manifest(self.job, self.step, self.tier, self.world_size, self.node, shards)
+
+    @property
+    def complete(self) -> bool:
+        """Lists a shard of every rank."""
+        return set(self.shards) >= set(range(self.world_size))
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(
+            {
+                "job": self.job,
+                "step": self.step,
+                "tier": self.tier,
+                "worldSize": self.world_size,
+                "node": self.node,
+                "written": clock.utc_now_iso(),
+                "shards": [self.shards[r].to_json() for r in sorted(self.shards)],
+            },
+            indent=1,
+        ).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Manifest:
+        try:
+            raw = json.loads(data)
+            shards = {int(s["rank"]): ShardRecord.from_json(s) for s in raw["shards"]}
+            return cls(
+                str(raw["job"]),
+                int(raw["step"]),
+                str(raw["tier"]),
+                int(raw["worldSize"]),
+                str(raw.get("node", "")),
+                shards,
+            )
+        except (ValueError, KeyError, TypeError) as err:
+            raise errors.IntegrityError(f"corrupt manifest: {err}") from err
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace path with data: temporary file, fsync, rename, fsync of the directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(temporary, "wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)
+    sync_dir(path.parent)
+
+
+def sync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save(directory: Path, manifest: Manifest) -> None:
+    write_atomic(directory / FILE, manifest.to_bytes())
+
+
+def load(directory: Path) -> Manifest | None:
+    """The manifest in a step directory; None when there is none (nothing committed there)."""
+    try:
+        return Manifest.from_bytes((directory / FILE).read_bytes())
+    except FileNotFoundError:
+        return None
+
+
+@dataclass(frozen=True)
+class Holding:
+    """A shard some source holds, as an inventory reports it."""
+
+    job: str
+    rank: int
+    step: int
+    tier: str  # memory, local or persistent
+    size: int
+    checksum: str
+    node: str = ""  # the daemon holding it; "" for tier 3
+    origin: str = ""  # node whose trainer wrote it
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "rank": self.rank,
+            "step": self.step,
+            "tier": self.tier,
+            "size": self.size,
+            "checksum": self.checksum,
+            "node": self.node,
+            "origin": self.origin,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Holding:
+        return cls(
+            str(data["job"]),
+            int(data["rank"]),
+            int(data["step"]),
+            str(data["tier"]),
+            int(data["size"]),
+            str(data["checksum"]),
+            str(data.get("node", "")),
+            str(data.get("origin", "")),
+        )
+
+
+def holdings(manifest: Manifest) -> list[Holding]:
+    return [
+        Holding(
+            manifest.job,
+            s.rank,
+            manifest.step,
+            manifest.tier,
+            s.size,
+            s.checksum,
+            manifest.node,
+            s.origin,
+        )
+        for s in manifest.shards.values()
+    ]
+
+
+def coverage(found: Iterable[Holding], tier: str | None = None) -> dict[int, set[int]]:
+    """Ranks held per step (on one tier, or on any tier)."""
+    ranks: dict[int, set[int]] = {}
+    for holding in found:
+        if tier is None or holding.tier == tier:
+            ranks.setdefault(holding.step, set()).add(holding.rank)
+    return ranks
+
+
+def newest_complete(
+    found: Iterable[Holding], world_size: int, tier: str | None = None
+) -> int | None:
+    """The newest step whose shards cover every rank (on one tier, or across tiers)."""
+    every = set(range(world_size))
+    complete = [step for step, ranks in coverage(found, tier).items() if ranks >= every]
+    return max(complete, default=None)
+
+
+def committed(
+    found: Iterable[Holding], world_size: int, tiers: Iterable[str]
+) -> dict[str, int | None]:
+    """Per tier, the newest step committed for every rank (what TrainingJob status shows)."""
+    listed = list(found)
+    return {tier: newest_complete(listed, world_size, tier) for tier in tiers}

@@ -1,0 +1,341 @@
+"""Tier 1 of the node daemon: shards in memory, bounded, recycled, outliving trainer pods.
+
+Each shard lives in a buffer file of the daemon's memory directory (a tmpfs such as /dev/shm,
+shared with the trainer pods of the node): a trainer on the node writes its shard straight into
+a buffer the daemon reserved for it, so tier 1 costs one copy, and the buffer stays the
+daemon's when the trainer's process or pod dies. A peer's copy arrives over HTTP into a buffer
+the same way.
+
+Buffers are recycled: a step that ages out leaves its buffers in a free pool, and the next save
+of the same rank gets one back (already in memory, already mapped by that trainer). The total
+of all buffers never exceeds the memory bound; when a reservation does not fit, free buffers
+go first, then the oldest steps, never the newest committed step of a job (which trainers
+report) nor the step being saved.
+
+Layout: ``buffers/<id>`` and ``jobs/<job>/step-<N>/manifest.json`` (see ``manifest``). Called
+by the daemon's request handlers only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from matrixpool_recovery import errors, manifest, names
+from matrixpool_recovery.spec import MEMORY
+
+log = logging.getLogger(__name__)
+STAGING_LEASE = 600.0  # seconds a reserved buffer waits for its commit before it is reclaimed
+
+FREE, STAGING, HELD, TRANSIT = "free", "staging", "held", "transit"
+
+
+@dataclass
+class Buffer:
+    """One buffer file."""
+
+    id: str  # file name under buffers/, never reused
+    size: int  # bytes, as the file is truncated to
+    state: str  # free, staging (being written), held (a tier-1 shard) or transit (tiers 2-3)
+    owner: tuple[str, int] | None  # (job, rank) it was last reserved for
+    since: float = 0.0  # monotonic time of the reservation
+    busy: int = 0  # readers copying it to a peer, a disk or a URI
+    step: int = -1  # step it was reserved for
+
+
+@dataclass(frozen=True)
+class Held:
+    """A tier-1 shard: which buffer holds it."""
+
+    record: manifest.ShardRecord
+    step: int
+    seq: int  # order of arrival on this node
+
+
+class MemoryTier:
+    """The daemon's tier-1 store."""
+
+    def __init__(self, root: Path, node: str, limit: int, keep: int) -> None:
+        self.root = root  # the memory directory
+        self.node = node  # this node's name, written in manifests
+        self.limit = limit  # bytes all buffers may take together
+        self.keep = keep  # steps kept per job
+        self._lock = threading.RLock()
+        self._buffers: dict[str, Buffer] = {}
+        self._steps: dict[tuple[str, int], dict[int, Held]] = {}  # (job, step) -> rank -> Held
+        self._world: dict[tuple[str, int], int] = {}  # (job, step) -> world size
+        self._committed: dict[str, int] = {}  # job -> newest step committed for every rank
+        self._seq = itertools.count()
+        (root / "buffers").mkdir(parents=True, exist_ok=True)
+        (root / "jobs").mkdir(parents=True, exist_ok=True)
+        self._load()
+
+    # --- reservations ---
+
+    def reserve(self, job: str, rank: int, step: int, size: int) -> Buffer:
+        """A buffer of `size` bytes for a shard of (job, rank, step), making room if needed."""
+        with self._lock:
+            self._reclaim_stale()
+            buffer = self._pick_free(job, rank, size)
+            self._make_room(size - (buffer.size if buffer else 0), job, step, buffer)
+            if buffer is None:
+                buffer = Buffer(uuid.uuid4().hex, 0, FREE, None)
+                self._buffers[buffer.id] = buffer
+            if buffer.size != size:
+                os.truncate(self._create(buffer.id), size)
+                buffer.size = size
+            buffer.state, buffer.owner, buffer.step = STAGING, (job, rank), step
+            buffer.since = time.monotonic()
+            return buffer
+
+    def _create(self, buffer_id: str) -> Path:
+        path = self.path(buffer_id)
+        path.touch(exist_ok=True)
+        return path
+
+    def path(self, buffer_id: str) -> Path:
+        if buffer_id not in self._buffers:
+            raise errors.NotFoundError(f"no buffer {buffer_id!r}", 404)
+        return self.root / "buffers" / buffer_id
+
+    def _pick_free(self, job: str, rank: int, size: int) -> Buffer | None:
+        free = [b for b in self._buffers.values() if b.state == FREE]
+        for wanted in (
+            lambda b: b.owner == (job, rank) and b.size == size,
+            lambda b: b.size == size,
+            lambda b: b.owner == (job, rank),
+            lambda b: True,
+        ):
+            for buffer in free:
+                if wanted(buffer):
+                    return buffer
+        return None
+
+    def _used(self) -> int:
+        return sum(b.size for b in self._buffers.values())
+
+    def _make_room(self, need: int, job: str, step: int, keep: Buffer | None) -> None:
+        """Phase 1: drop free buffers. Phase 2: evict the oldest steps. Else: memory full."""
+        for buffer in sorted(self._free(keep), key=lambda b: -b.size):
+            if self._used() + need <= self.limit:
+                return
+            self._drop(buffer)
+        for key in self._eviction_order(job, step):
+            if self._used() + need <= self.limit:
+                return
+            self._evict(key)
+            for buffer in self._free(keep):
+                self._drop(buffer)
+        if self._used() + need > self.limit:
+            raise errors.MemoryFullError(
+                f"tier-1 memory of node {self.node} is full: {self._used()} of {self.limit} "
+                f"bytes held by steps that may not be evicted; {need} more needed",
+                507,
+            )
+
+    def _free(self, keep: Buffer | None) -> list[Buffer]:
+        return [b for b in self._buffers.values() if b.state == FREE and b is not keep]
+
+    def _drop(self, buffer: Buffer) -> None:
+        self.path(buffer.id).unlink(missing_ok=True)
+        del self._buffers[buffer.id]
+
+    def _eviction_order(self, job: str, step: int) -> list[tuple[str, int]]:
+        """Steps that may go, oldest arrival first."""
+        movable = [
+            key
+            for key in self._steps
+            if self._committed.get(key[0]) != key[1]
+            and not (key[0] == job and key[1] >= step)
+            and not any(self._buffers[h.record.buffer].busy for h in self._steps[key].values())
+        ]
+        return sorted(movable, key=lambda key: min(h.seq for h in self._steps[key].values()))
+
+    def _reclaim_stale(self) -> None:
+        now = time.monotonic()
+        for buffer in self._buffers.values():
+            if buffer.state == STAGING and now - buffer.since > STAGING_LEASE:
+                log.warning("reclaiming buffer %s: no commit after %.0fs", buffer.id, STAGING_LEASE)
+                buffer.state = FREE
+
+    # --- commits ---
+
+    def commit(
+        self,
+        job: str,
+        rank: int,
+        step: int,
+        record: manifest.ShardRecord,
+        world_size: int,
+        hold: bool,
+    ) -> None:
+        """Take a written buffer: a tier-1 shard when `hold`, else in transit to tiers 2-3."""
+        with self._lock:
+            buffer = self._buffers.get(record.buffer)
+            if buffer is None or buffer.state != STAGING or buffer.owner != (job, rank):
+                raise errors.NotFoundError(
+                    f"no reservation {record.buffer!r} for {job}/{rank}", 404
+                )
+            if self.path(buffer.id).stat().st_size != record.size or buffer.size != record.size:
+                raise errors.IntegrityError(f"buffer {buffer.id} is not {record.size} bytes")
+            buffer.state = HELD if hold else TRANSIT
+            if hold:
+                self._hold(job, rank, step, record, world_size)
+
+    def _hold(
+        self, job: str, rank: int, step: int, record: manifest.ShardRecord, world_size: int
+    ) -> None:
+        held = self._steps.setdefault((job, step), {})
+        previous = held.get(rank)
+        if previous is not None and previous.record.buffer != record.buffer:
+            self._release(previous.record.buffer)
+        held[rank] = Held(record, step, next(self._seq))
+        self._world[(job, step)] = world_size
+        self._write_manifest(job, step)
+        self._prune(job)
+
+    def _prune(self, job: str) -> None:
+        """Keep the newest `keep` steps of the job, and its newest committed one."""
+        steps = sorted((s for j, s in self._steps if j == job), reverse=True)
+        for step in steps[self.keep :]:
+            buffers = [h.record.buffer for h in self._steps[(job, step)].values()]
+            if step != self._committed.get(job) and not any(self._buffers[b].busy for b in buffers):
+                self._evict((job, step))
+
+    def _evict(self, key: tuple[str, int]) -> None:
+        for held in self._steps.pop(key).values():
+            self._release(held.record.buffer)
+        self._world.pop(key, None)
+        directory = self._step_dir(*key)
+        (directory / manifest.FILE).unlink(missing_ok=True)
+        _rmdir_quiet(directory)
+        log.info("evicted %s step %d from memory", *key)
+
+    def _release(self, buffer_id: str) -> None:
+        buffer = self._buffers.get(buffer_id)
+        if buffer is not None:
+            buffer.state = FREE
+
+    def _write_manifest(self, job: str, step: int) -> None:
+        held = self._steps.get((job, step), {})
+        shards = {rank: h.record for rank, h in held.items()}
+        built = manifest.Manifest(job, step, MEMORY, self._world[(job, step)], self.node, shards)
+        manifest.save(self._step_dir(job, step), built)
+
+    def _step_dir(self, job: str, step: int) -> Path:
+        return names.inside(self.root / "jobs", names.job(job), names.step_dir(step))
+
+    # --- readers ---
+
+    def acquire(self, job: str, rank: int, step: int) -> tuple[manifest.ShardRecord, Path]:
+        """A held shard and its file, kept from eviction until ``unbusy``."""
+        with self._lock:
+            held = self._steps.get((job, step), {}).get(rank)
+            if held is None:
+                raise errors.NotFoundError(f"node {self.node} holds no {job}/{rank}/{step}", 404)
+            self._buffers[held.record.buffer].busy += 1
+            return held.record, self.path(held.record.buffer)
+
+    def busy(self, buffer_id: str) -> Path:
+        with self._lock:
+            self._buffers[buffer_id].busy += 1
+            return self.path(buffer_id)
+
+    def unbusy(self, buffer_id: str) -> None:
+        with self._lock:
+            buffer = self._buffers.get(buffer_id)
+            if buffer is not None:
+                buffer.busy -= 1
+
+    def release_transit(self, buffer_id: str) -> None:
+        with self._lock:
+            buffer = self._buffers.get(buffer_id)
+            if buffer is not None and buffer.state == TRANSIT:
+                buffer.state = FREE
+
+    def owned(self, job: str, rank: int) -> list[str]:
+        """Buffers last reserved for (job, rank): the ones its trainer may still have mapped."""
+        with self._lock:
+            return [b.id for b in self._buffers.values() if b.owner == (job, rank)]
+
+    def abandon(self, buffer_id: str) -> None:
+        """A reservation whose upload failed goes back to the pool."""
+        with self._lock:
+            buffer = self._buffers.get(buffer_id)
+            if buffer is not None and buffer.state == STAGING:
+                buffer.state = FREE
+
+    def protect(self, job: str, step: int | None) -> None:
+        """Remember the newest step of a job committed for every rank: never evicted."""
+        if step is None:
+            return
+        with self._lock:
+            if step >= self._committed.get(job, -1):
+                self._committed[job] = step
+
+    def manifests(self, job: str | None = None) -> list[manifest.Manifest]:
+        with self._lock:
+            return [
+                manifest.Manifest(
+                    j,
+                    s,
+                    MEMORY,
+                    self._world[(j, s)],
+                    self.node,
+                    {r: h.record for r, h in held.items()},
+                )
+                for (j, s), held in sorted(self._steps.items())
+                if job is None or j == job
+            ]
+
+    def drop_job(self, job: str) -> None:
+        """Forget a finished job; its buffers go to the free pool."""
+        with self._lock:
+            self._committed.pop(job, None)
+            for key in [k for k in self._steps if k[0] == job]:
+                self._evict(key)
+
+    def used(self) -> int:
+        with self._lock:
+            return self._used()
+
+    # --- restart ---
+
+    def _load(self) -> None:
+        """Take back the shards a previous run of the daemon left in the memory directory."""
+        files = {p.name: p.stat().st_size for p in (self.root / "buffers").iterdir()}
+        for buffer_id, size in files.items():
+            self._buffers[buffer_id] = Buffer(buffer_id, size, FREE, None)
+        for directory in sorted((self.root / "jobs").glob("*/step-*")):
+            found = _load_quiet(directory)
+            if found is None:
+                continue
+            for rank, record in found.shards.items():
+                buffer = self._buffers.get(record.buffer)
+                if buffer is None or buffer.size != record.size:
+                    continue
+                buffer.state, buffer.owner = HELD, (found.job, rank)
+                held = self._steps.setdefault((found.job, found.step), {})
+                held[rank] = Held(record, found.step, next(self._seq))
+                self._world[(found.job, found.step)] = found.world_size
+        log.info("memory tier: %d buffers, %d steps taken back", len(files), len(self._steps))
+
+
+def _load_quiet(directory: Path) -> manifest.Manifest | None:
+    try:
+        return manifest.load(directory)
+    except errors.IntegrityError:
+        log.warning("ignoring corrupt manifest in %s", directory)
+        return None
+
+
+def _rmdir_quiet(directory: Path) -> None:
+    with contextlib.suppress(OSError):
+        directory.rmdir()
