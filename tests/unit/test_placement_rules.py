@@ -272,6 +272,17 @@ def test_a_half_bound_gang_keeps_its_cards_and_is_finished() -> None:
     snapshot.commit(verdict)  # the kept pod is not taken twice
 
 
+def test_a_kept_pod_on_a_node_gone_not_ready_is_committed_as_it_is() -> None:
+    topology = A4.not_ready(2).build()
+    holdings = [holding("ns/j").pod(0).on("sn-a-node-02", range(8)).build()]
+    snapshot = engine.Snapshot.build([topology], holdings)
+    verdict = engine.place(snapshot, gang("ns/j").pods(2, cards=8).build())
+    assert isinstance(verdict, model.Placement)
+    assert verdict.assignments[0].node == "sn-a-node-02"
+    assert verdict.assignments[1].node != "sn-a-node-02"
+    snapshot.commit(verdict)
+
+
 def test_placements_are_deterministic_whatever_the_input_order() -> None:
     topologies = [supernode(f"sn-{x}").racks(2, nodes=2).build() for x in "abc"]
     holdings = [held("sn-b-node-00", 0, 1), held("sn-c-node-03", 5)]

@@ -147,7 +147,8 @@ def _place_tentatively(
     if not pending:
         return []
     for s in _one_supernode_candidates(snap, gang, pending, kept):
-        mark, out = snap.mark(), list[Assignment]()
+        mark = snap.mark()
+        out: list[Assignment] = []
         if choose.place_pods(snap, s, pending, gang, out) == len(pending):
             return out
         snap.undo(mark)

@@ -250,13 +250,17 @@ class Snapshot:
     # ---- commit and release ---------------------------------------------------------------
 
     def commit(self, placement: Placement) -> None:
-        """Record the placement's cards as held, so later gangs of the cycle see them."""
+        """Record the placement's cards as held, so later gangs of the cycle see them.
+
+        Pods that already hold exactly these cards (kept by :func:`engine.place`) stay as
+        they are, even on a node that has since become unplaceable.
+        """
         for a in placement.assignments:
-            i = self._placeable(a)
             mask = cards.mask_of(a.cards)
             held = self.held.get(placement.gang, {}).get(a.pod)
-            if held is not None and held[:2] == (i, mask):
+            if held is not None and held[:2] == (self.layout.index.get(a.node, -1), mask):
                 continue
+            i = self._placeable(a)
             if held is not None:
                 self._unhold(placement.gang, a.pod)
             if self.free[i] & mask != mask:
