@@ -47,7 +47,10 @@ integration: venv binaries
 chaos: venv binaries
 	$(BIN)/pytest tests/chaos -q
 
-test: lint typecheck imports crds-check helm-lint unit integration
+checkpoint: venv
+	$(BIN)/pytest tests/checkpoint -q
+
+test: lint typecheck imports crds-check helm-lint unit integration checkpoint
 
 demo: venv binaries
 	$(BIN)/matrixpool demo

@@ -101,6 +101,7 @@ class Restored:
     step: int  # the step restored
     state: dict[str, Any]  # names to bytes, NumPy arrays or tensors
     source: str  # where the shard came from, e.g. "peer:node-c" or "persistent"
+    skipped: tuple[str, ...] = ()  # faster sources that failed, with the reason
 
 
 @dataclass(frozen=True)
@@ -404,7 +405,8 @@ class Checkpointer:
         failures: list[str] = []
         for source in mine:
             try:
-                return Restored(chosen, self._fetch(source, into), source.name)
+                state = self._fetch(source, into)
+                return Restored(chosen, state, source.name, tuple(failures))
             except READ_ERRORS as err:
                 log.warning("restore from %s failed, trying the next source: %s", source.name, err)
                 failures.append(f"{source.name}: {err}")

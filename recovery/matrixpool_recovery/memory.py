@@ -10,7 +10,7 @@ Buffers are recycled: a step that ages out leaves its buffers in a free pool, an
 of the same rank gets one back (already in memory, already mapped by that trainer). The total
 of all buffers never exceeds the memory bound; when a reservation does not fit, free buffers
 go first, then the oldest steps, never the newest committed step of a job (which trainers
-report) nor the step being saved.
+report; until they do, the newest step held) nor the step being saved.
 
 Layout: ``buffers/<id>`` and ``jobs/<job>/step-<N>/manifest.json`` (see ``manifest``). Called
 by the daemon's request handlers only.
@@ -152,7 +152,7 @@ class MemoryTier:
         movable = [
             key
             for key in self._steps
-            if self._committed.get(key[0]) != key[1]
+            if self._protected(key[0]) != key[1]
             and not (key[0] == job and key[1] >= step)
             and not any(self._buffers[h.record.buffer].busy for h in self._steps[key].values())
         ]
@@ -206,8 +206,15 @@ class MemoryTier:
         steps = sorted((s for j, s in self._steps if j == job), reverse=True)
         for step in steps[self.keep :]:
             buffers = [h.record.buffer for h in self._steps[(job, step)].values()]
-            if step != self._committed.get(job) and not any(self._buffers[b].busy for b in buffers):
+            if step != self._protected(job) and not any(self._buffers[b].busy for b in buffers):
                 self._evict((job, step))
+
+    def _protected(self, job: str) -> int | None:
+        """The step of a job never evicted: the newest committed one as trainers report it,
+        else (no report yet) the newest step held here."""
+        if job in self._committed:
+            return self._committed[job]
+        return max((s for j, s in self._steps if j == job), default=None)
 
     def _evict(self, key: tuple[str, int]) -> None:
         for held in self._steps.pop(key).values():

@@ -90,6 +90,8 @@ class Stager:
         if isinstance(value, bytes | bytearray | memoryview):
             data = bytes(value) if not isinstance(value, bytes) else value
             return "bytes", "", (), np.frombuffer(data, dtype=np.uint8)
+        if isinstance(value, np.generic):  # a NumPy scalar comes back as a 0-d array
+            value = np.asarray(value)
         if isinstance(value, np.ndarray):
             return "numpy", value.dtype.str, value.shape, _guard(value, captured)
         if is_tensor(value):

@@ -1,0 +1,219 @@
+"""Acceptance tests of the checkpoint data plane (issue 4), on loopback.
+
+One daemon process per simulated node, one trainer process per rank: 8 ranks on 4 nodes in
+two racks (a, b in r1; c, d in r2), each node's peers in the other rack. No Kubernetes.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from matrixpool_recovery import errors, manifest, names, wire
+from tests.checkpoint.conftest import TOKEN, Cluster, spec_json, to_spec, trainers
+from tests.checkpoint.trainer import digest, state_for
+
+RACKS = {"r1": ["a", "b"], "r2": ["c", "d"]}
+PLACEMENT = {rank: "abcd"[rank // 2] for rank in range(8)}  # two ranks per node
+JOB = "ml.llm"
+
+
+def inventory(cluster: Cluster, node: str) -> list[manifest.Holding]:
+    answer = wire.request(wire.Endpoint(cluster.address(node), TOKEN), "GET", "/v1/inventory")
+    return [manifest.Holding.from_json(s) for s in answer["shards"]]
+
+
+def holders(cluster: Cluster, step: int, tier: str) -> dict[int, set[str]]:
+    """rank -> nodes holding its shard of `step` on `tier`."""
+    found: dict[int, set[str]] = {}
+    for node in cluster.nodes:
+        if cluster.nodes[node].process.poll() is None:
+            for held in inventory(cluster, node):
+                if held.step == step and held.tier == tier:
+                    found.setdefault(held.rank, set()).add(node)
+    return found
+
+
+def only_line(lines: list[dict[str, Any]]) -> dict[str, Any]:
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_eight_ranks_save_concurrently_to_every_tier(cluster: Cluster, tmp_path: Path) -> None:
+    cluster.ring(RACKS)
+    uri = f"file://{tmp_path}/persistent"
+    spec = spec_json(memory=10, peers=1, local=20, persistent=20, uri=uri)
+
+    results = trainers(cluster, "save", JOB, PLACEMENT, spec, "--steps", "10,20")
+
+    for lines in results.values():
+        assert [line["step"] for line in lines] == [10, 20], lines
+        assert all("error" not in line for line in lines), lines
+        assert set(lines[1]["outcomes"]) == {"memory", "peers", "local", "persistent"}
+    memory = holders(cluster, 20, "memory")
+    for rank, node in PLACEMENT.items():
+        rack = next(r for r, members in RACKS.items() if node in members)
+        copies = memory[rank] - {node}
+        assert node in memory[rank], (rank, memory[rank])
+        assert len(copies) == 1, (rank, memory[rank])
+        assert not copies & set(RACKS[rack]), f"rank {rank}'s copy is in its own rack"
+    assert holders(cluster, 20, "local") == {r: {n} for r, n in PLACEMENT.items()}
+    shared = manifest.load(tmp_path / "persistent" / JOB / names.step_dir(20))
+    assert shared is not None
+    assert shared.complete
+    assert len(shared.shards) == 8
+    with cluster.client("a", JOB, 0, 8, spec=to_spec(spec)) as client:
+        assert client.committed() == {"memory": 20, "local": 20, "persistent": 20}
+        assert client.latest() == 20
+
+
+def test_ranks_of_a_lost_node_restore_from_peer_copies(cluster: Cluster) -> None:
+    cluster.ring(RACKS)
+    spec = spec_json(memory=10, peers=1, local=10)
+    trainers(cluster, "save", JOB, PLACEMENT, spec, "--steps", "10,20")
+
+    cluster.kill("b")  # ranks 2 and 3 lose their node, its memory and its disk
+    cluster.start("spare", ["c", "d", "a"])
+    moved = trainers(cluster, "restore", JOB, {2: "spare", 3: "spare"}, spec, world=8)
+    stayed = trainers(cluster, "restore", JOB, {0: "a", 1: "a"}, spec, world=8)
+
+    for rank in (2, 3):
+        line = only_line(moved[rank])
+        assert line["step"] == 20, line
+        assert line["equal"] is True, line
+        assert line["source"].startswith("peer:"), line
+        assert line["sha256"] == digest(state_for(rank, 20))
+    assert only_line(stayed[0])["source"] == "memory:a"
+
+
+def shard_file(cluster: Cluster, tier: str, node: str, rank: int, step: int) -> Path:
+    """Where a node keeps a rank's shard on a tier."""
+    if tier == "local":
+        return (
+            cluster.nodes[node].data_dir
+            / "jobs"
+            / JOB
+            / names.step_dir(step)
+            / f"rank-{rank}.shard"
+        )
+    held = manifest.load(cluster.nodes[node].memory_dir / "jobs" / JOB / names.step_dir(step))
+    assert held is not None
+    return cluster.nodes[node].memory_dir / "buffers" / held.shards[rank].buffer
+
+
+def flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 1000])
+
+
+@pytest.mark.parametrize("damage", [flip_a_byte, truncate], ids=["a flipped byte", "a cut file"])
+@pytest.mark.parametrize(
+    ("tier", "expected_source"),
+    [
+        pytest.param("local", "persistent", id="tier 2 falls back to tier 3"),
+        pytest.param("memory", "peer:c", id="tier 1 falls back to the peer copy"),
+    ],
+)
+def test_a_corrupt_copy_is_detected_and_the_next_source_used(
+    cluster: Cluster, tmp_path: Path, damage: Any, tier: str, expected_source: str
+) -> None:
+    cluster.ring(RACKS)
+    uri = f"file://{tmp_path}/persistent"
+    if tier == "local":  # tier 1 never due: the fastest copy is on disk
+        spec = spec_json(memory=1000, peers=1, local=10, persistent=10, uri=uri)
+    else:
+        spec = spec_json(memory=10, peers=1)
+    trainers(cluster, "save", JOB, PLACEMENT, spec, "--steps", "10")
+
+    damage(shard_file(cluster, tier, "a", 1, 10))
+    restored = only_line(trainers(cluster, "restore", JOB, {1: "a"}, spec, world=8)[1])
+
+    assert restored["source"] == expected_source, restored
+    assert restored["step"] == 10
+    assert restored["equal"] is True
+    [skipped] = restored["skipped"]
+    assert skipped.startswith(f"{tier}:a: ")
+    assert "checksum" in skipped or "bytes" in skipped
+
+
+def test_unwritable_persistent_uri_is_a_clear_error_and_tiers_1_and_2_carry_on(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    cluster.ring({"r1": ["a"], "r2": ["c"]})
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the checkpoint folder should be")
+    uri = f"file://{blocker}/ckpt"
+    spec = spec_json(memory=10, peers=1, local=10, persistent=10, uri=uri)
+
+    results = trainers(cluster, "save", JOB, {0: "a", 1: "c"}, spec, "--steps", "10,20")
+
+    for _rank, lines in results.items():
+        assert [line["step"] for line in lines] == [10, 20]
+        for line in lines:
+            assert "persistent" in line["error"], line
+            assert "unwritable" in line["error"], line
+            assert str(blocker) in line["error"]
+            assert line["outcomes"]["persistent"]["state"] == "error"
+            assert {line["outcomes"][t]["state"] for t in ("memory", "peers", "local")} == {"ok"}
+    with cluster.client("a", JOB, 0, 2, spec=to_spec(spec)) as client:
+        assert client.committed() == {"memory": 20, "local": 20, "persistent": None}
+
+
+def raw(cluster: Cluster, method: str, path: str, headers: dict[str, str]) -> tuple[int, str]:
+    host, port = wire.Endpoint(cluster.address("a"), "").host_port
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    try:
+        body = json.dumps({"size": 4096}).encode() if method == "POST" else None
+        conn.request(method, path, body=body, headers=headers)
+        response = conn.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        conn.close()
+
+
+def test_a_wrong_token_is_refused(cluster: Cluster) -> None:
+    cluster.start("a")
+    reserve = wire.shard_path(JOB, 0, 10, "reserve")
+
+    assert raw(cluster, "POST", reserve, {})[0] == 401
+    assert raw(cluster, "POST", reserve, {"Authorization": "Bearer guess"})[0] == 403
+    with cluster.client("a", JOB, 0, 1, token="guess") as client:
+        with pytest.raises(errors.AuthError, match="refused the token"):
+            client.latest()
+        handle = client.save(10, state_for(0, 10))
+        with pytest.raises(errors.TierWriteError, match=r"refused the token \(403\)"):
+            handle.wait()
+    assert inventory(cluster, "a") == []
+
+
+@pytest.mark.parametrize(
+    "job", ["../evil", "..", "a/../../evil", "/etc", "..%2Fevil", "ok/../.."], ids=repr
+)
+def test_a_job_name_that_escapes_the_data_directory_is_refused(
+    cluster: Cluster, tmp_path: Path, job: str
+) -> None:
+    cluster.start("a")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+
+    with pytest.raises(errors.InvalidNameError):
+        cluster.client("a", job, 0, 1)
+    token = {"Authorization": f"Bearer {TOKEN}"}
+    for path in (f"/v1/jobs/{job}/ranks/0/steps/10/reserve", f"/v1/inventory?job={job}"):
+        status, body = raw(cluster, "POST" if "reserve" in path else "GET", path, token)
+        assert status in (400, 404), (path, status, body)
+    status, body = raw(cluster, "POST", wire.shard_path(job, 0, 10, "reserve"), token)
+    assert status == 400
+    assert "invalid job name" in body
+
+    after = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    assert [p for p in after if p not in before and "evil" in str(p)] == []

@@ -1,0 +1,111 @@
+"""Tier 1 of the daemon: bounded memory, recycled buffers, eviction order, restart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from matrixpool_recovery import errors, manifest, memory
+
+SIZE = 4096
+
+
+def tier(root: Path, limit_shards: int = 4, keep: int = 10) -> memory.MemoryTier:
+    return memory.MemoryTier(root, "node-a", limit_shards * SIZE, keep)
+
+
+def save(mem: memory.MemoryTier, step: int, rank: int = 0, world: int = 1, job: str = "j") -> str:
+    buffer = mem.reserve(job, rank, step, SIZE)
+    mem.path(buffer.id).write_bytes(bytes([step % 256]) * SIZE)
+    record = manifest.ShardRecord(rank, SIZE, f"crc32:{step:08x}", "node-a", buffer.id)
+    mem.commit(job, rank, step, record, world, hold=True)
+    return buffer.id
+
+
+def steps(mem: memory.MemoryTier, job: str = "j") -> list[int]:
+    return [m.step for m in mem.manifests(job)]
+
+
+def test_a_committed_shard_is_held_and_named_in_a_manifest(tmp_path: Path) -> None:
+    mem = tier(tmp_path)
+    buffer = save(mem, 10)
+    record, path = mem.acquire("j", 0, 10)
+    mem.unbusy(record.buffer)
+    assert record.buffer == buffer
+    assert path.read_bytes() == bytes([10]) * SIZE
+    written = manifest.load(tmp_path / "jobs" / "j" / "step-0000000000000010")
+    assert written is not None
+    assert written.shards[0].buffer == buffer
+
+
+def test_only_the_newest_k_steps_are_kept_and_their_buffers_come_back(tmp_path: Path) -> None:
+    mem = tier(tmp_path, keep=2)
+    first = save(mem, 1)
+    save(mem, 2)
+    save(mem, 3)
+    assert steps(mem) == [2, 3]
+    assert save(mem, 4) == first  # the evicted step's buffer, handed back to the same rank
+    assert len(list((tmp_path / "buffers").iterdir())) == 3
+
+
+def test_when_memory_is_full_the_oldest_steps_go_first(tmp_path: Path) -> None:
+    mem = tier(tmp_path, limit_shards=3)
+    for step in (1, 2, 3, 4, 5):
+        save(mem, step)
+    assert steps(mem) == [3, 4, 5]
+    assert mem.used() <= 3 * SIZE
+
+
+def test_the_newest_committed_step_is_never_evicted(tmp_path: Path) -> None:
+    mem = tier(tmp_path, limit_shards=3)
+    save(mem, 1, rank=0, world=2)
+    save(mem, 1, rank=1, world=2)
+    mem.protect("j", 1)  # every rank of step 1 is stored: trainers report it committed
+    save(mem, 2, rank=0, world=2)  # step 2 is partial; step 1 must stay
+    assert steps(mem) == [1, 2]
+    with pytest.raises(errors.MemoryFullError, match="full"):
+        mem.reserve("j", 1, 2, SIZE)
+
+
+def test_the_step_being_saved_is_not_evicted_to_make_room_for_itself(tmp_path: Path) -> None:
+    mem = tier(tmp_path, limit_shards=1)
+    save(mem, 5)
+    with pytest.raises(errors.MemoryFullError):
+        mem.reserve("j", 1, 5, SIZE)
+
+
+def test_a_buffer_being_copied_out_is_not_evicted(tmp_path: Path) -> None:
+    mem = tier(tmp_path, limit_shards=2)
+    save(mem, 1)
+    record, _ = mem.acquire("j", 0, 1)  # a peer is reading it
+    save(mem, 2)
+    with pytest.raises(errors.MemoryFullError):
+        mem.reserve("j", 0, 3, SIZE)
+    mem.unbusy(record.buffer)
+    save(mem, 3)
+    assert steps(mem) == [2, 3]
+
+
+def test_a_commit_needs_its_reservation(tmp_path: Path) -> None:
+    mem = tier(tmp_path)
+    record = manifest.ShardRecord(0, SIZE, "crc32:0", "node-a", "no-such-buffer")
+    with pytest.raises(errors.NotFoundError):
+        mem.commit("j", 0, 1, record, 1, hold=True)
+
+
+def test_a_restarted_daemon_takes_its_shards_back(tmp_path: Path) -> None:
+    mem = tier(tmp_path)
+    buffer = save(mem, 7)
+    again = tier(tmp_path)
+    record, path = again.acquire("j", 0, 7)
+    assert record.buffer == buffer
+    assert path.read_bytes() == bytes([7]) * SIZE
+
+
+def test_a_finished_job_is_dropped_and_its_buffers_reused(tmp_path: Path) -> None:
+    mem = tier(tmp_path)
+    buffer = save(mem, 1)
+    mem.drop_job("j")
+    assert steps(mem) == []
+    assert save(mem, 1, job="other") == buffer
