@@ -136,6 +136,7 @@ class Checkpointer:
         spec: CheckpointSpec | None = None,
         peers: Sequence[str] | None = None,
         background_staging: bool = True,
+        shared_memory: bool | None = None,
         timeout: float = 600.0,
     ) -> None:
         self.job = names.job(job)  # validated: it becomes a directory name
@@ -153,7 +154,7 @@ class Checkpointer:
         self._thread: threading.Thread | None = None
         self._handles: list[SaveHandle] = []
         self._committed: int | None = None  # newest tier-1 step known committed for all ranks
-        self._colocated: bool | None = None  # may this process open the daemon's buffers?
+        self._colocated = shared_memory  # may this process open the daemon's buffers? None: probe
         self._maps: OrderedDict[str, tuple[mmap.mmap, int]] = OrderedDict()  # buffer -> map
         self._upload: np.ndarray[Any, np.dtype[np.uint8]] | None = None  # reused, remote case
 
@@ -345,11 +346,16 @@ class Checkpointer:
     # --- the daemon's memory, mapped ---
 
     def _is_colocated(self) -> bool:
-        """Does this process see the daemon's memory directory (same node, shared tmpfs)?"""
+        """May this process write the daemon's buffers (same node, shared tmpfs, same group)?
+
+        The daemon writes a nonce into a probe file made like its buffers; opening it for
+        writing and reading the nonce back proves both.
+        """
         if self._colocated is None:
-            info = wire.request(self.daemon, "GET", "/v1/info")
+            probe = wire.request(self.daemon, "GET", "/v1/info")["probe"]
             try:
-                self._colocated = Path(info["probe"]["path"]).read_text() == info["probe"]["nonce"]
+                with open(probe["path"], "r+b") as file:
+                    self._colocated = file.read() == probe["nonce"].encode()
             except OSError:
                 self._colocated = False
         return self._colocated

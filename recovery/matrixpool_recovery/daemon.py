@@ -138,6 +138,7 @@ class Daemon:
         self._statuses: OrderedDict[tuple[str, int, int], SaveStatus] = OrderedDict()
         self._lock = threading.Lock()
         manifest.write_atomic(mem.root / "probe", self.nonce.encode())
+        (mem.root / "probe").chmod(memory.SHARED_MODE)
 
     def authorized(self, header: str | None) -> None:
         if not header:

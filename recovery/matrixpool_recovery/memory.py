@@ -32,6 +32,7 @@ from matrixpool_recovery import errors, manifest, names
 from matrixpool_recovery.spec import MEMORY
 
 log = logging.getLogger(__name__)
+SHARED_MODE = 0o660  # buffers: the daemon's user and group (trainers) read and write
 STAGING_LEASE = 600.0  # seconds a reserved buffer waits for its commit before it is reclaimed
 
 FREE, STAGING, HELD, TRANSIT = "free", "staging", "held", "transit"
@@ -96,8 +97,10 @@ class MemoryTier:
             return buffer
 
     def _create(self, buffer_id: str) -> Path:
+        """The buffer's file, writable by the group: trainer pods share the daemon's group."""
         path = self.path(buffer_id)
         path.touch(exist_ok=True)
+        path.chmod(SHARED_MODE)
         return path
 
     def path(self, buffer_id: str) -> Path:

@@ -217,3 +217,20 @@ def test_a_job_name_that_escapes_the_data_directory_is_refused(
 
     after = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     assert [p for p in after if p not in before and "evil" in str(p)] == []
+
+
+def test_a_trainer_without_the_daemons_shared_memory_uploads_and_downloads(
+    cluster: Cluster,
+) -> None:
+    cluster.ring({"r1": ["a"], "r2": ["c"]})
+    spec = to_spec(spec_json(memory=1, peers=1, local=2))
+    with cluster.client("a", JOB, 0, 1, spec=spec, shared_memory=False) as client:
+        for step in (1, 2):
+            client.save(step, state_for(0, step)).wait()
+        restored = client.restore()
+        older = client.restore(1)
+
+    assert (restored.step, restored.source) == (2, "memory:a")
+    assert digest(restored.state) == digest(state_for(0, 2))
+    assert digest(older.state) == digest(state_for(0, 1))
+    assert holders(cluster, 2, "memory") == {0: {"a", "c"}}

@@ -1,0 +1,169 @@
+"""The checkpoint DaemonSet of the chart (checkpointDaemon values), rendered with helm.
+
+Off by default; when on: one daemon per node on the host network, tier 2 and tier 1 on host
+folders, the tier-1 bound given both as the container's memory limit and as --memory-bytes,
+the token from a Secret the chart creates or one that exists. Uses the helm binary that
+tools/k8s/build.sh builds and the Helm wrapper of test_chart.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.unit import test_chart as chart
+
+ENABLED = "checkpointDaemon.enabled=true"
+Manifest = dict[str, Any]
+
+
+@pytest.fixture(scope="session")
+def helm(tmp_path_factory: pytest.TempPathFactory) -> chart.Helm:
+    """helm from tools/k8s/build.sh, its cache and config in a temporary home."""
+    home = tmp_path_factory.mktemp("helm-home-checkpoint")
+    build = subprocess.run(
+        [str(chart.ROOT / "tools" / "k8s" / "build.sh")], capture_output=True, text=True, check=True
+    )
+    bin_dir = Path(build.stdout.strip().splitlines()[-1])
+    env = {f"HELM_{kind}_HOME": str(home / kind.lower()) for kind in ("CACHE", "CONFIG", "DATA")}
+    return chart.Helm(bin_dir / "helm", {**os.environ, **env})
+
+
+def daemonset(manifests: list[Manifest]) -> Manifest:
+    return chart.only(manifests, "DaemonSet")
+
+
+def pod(manifests: list[Manifest]) -> Manifest:
+    spec: Manifest = daemonset(manifests)["spec"]["template"]["spec"]
+    return spec
+
+
+def container(manifests: list[Manifest]) -> Manifest:
+    [daemon] = pod(manifests)["containers"]
+    return daemon
+
+
+def args(manifests: list[Manifest]) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for arg in container(manifests)["args"]:
+        key, _, value = arg.partition("=")
+        found[key] = value
+    return found
+
+
+def volumes(manifests: list[Manifest]) -> dict[str, Manifest]:
+    return {v["name"]: v for v in pod(manifests)["volumes"]}
+
+
+def test_the_daemon_is_off_by_default(helm: chart.Helm) -> None:
+    manifests = helm.render()
+    assert "DaemonSet" not in chart.kinds(manifests)
+    assert "Secret" not in chart.kinds(manifests)
+
+
+def test_one_daemon_per_node_serves_on_the_node_address(helm: chart.Helm) -> None:
+    manifests = helm.render(ENABLED)
+    assert pod(manifests)["hostNetwork"] is True
+    assert args(manifests)["--listen"] == "$(NODE_IP):7040"
+    assert args(manifests)["--node"] == "$(NODE_NAME)"
+    [port] = container(manifests)["ports"]
+    assert (port["containerPort"], port["hostPort"]) == (7040, 7040)
+    assert container(manifests)["command"] == ["matrixpool-ckpt-daemon"]
+    assert container(manifests)["livenessProbe"]["httpGet"]["path"] == "/v1/healthz"
+
+
+def test_tier_1_memory_is_the_limit_and_the_daemons_bound(helm: chart.Helm) -> None:
+    manifests = helm.render(ENABLED, "checkpointDaemon.memory=64Gi")
+    assert container(manifests)["resources"]["limits"]["memory"] == "64Gi"
+    assert container(manifests)["resources"]["limits"]["cpu"] == "2"
+    assert args(manifests)["--memory-bytes"] == "64Gi"
+
+
+def test_tiers_1_and_2_live_in_host_folders(helm: chart.Helm) -> None:
+    manifests = helm.render(ENABLED, "checkpointDaemon.hostPath=/mnt/nvme/ckpt")
+    found = volumes(manifests)
+    assert found["data"]["hostPath"] == {"path": "/mnt/nvme/ckpt", "type": "DirectoryOrCreate"}
+    assert found["memory"]["hostPath"]["path"] == "/dev/shm/matrixpool"
+    assert args(manifests)["--data-dir"] == "/data"
+    mounts = {m["name"]: m["mountPath"] for m in container(manifests)["volumeMounts"]}
+    assert mounts["memory"] == args(manifests)["--memory-dir"] == "/dev/shm/matrixpool"
+    [init] = pod(manifests)["initContainers"]
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+
+
+def test_the_daemon_runs_unprivileged(helm: chart.Helm) -> None:
+    security = container(helm.render(ENABLED))["securityContext"]
+    assert security["runAsNonRoot"] is True
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+
+
+def test_the_chart_creates_the_token_secret_the_daemon_reads(helm: chart.Helm) -> None:
+    manifests = helm.render(ENABLED)
+    secret = chart.only(manifests, "Secret")
+    assert len(secret["data"]["token"]) >= 40
+    assert volumes(manifests)["token"]["secret"]["secretName"] == secret["metadata"]["name"]
+    assert args(manifests)["--token-file"] == "/etc/matrixpool-checkpoint/token"
+
+
+def test_an_existing_token_secret_is_used_as_it_is(helm: chart.Helm) -> None:
+    manifests = helm.render(ENABLED, "checkpointDaemon.token.existingSecret=ckpt-token")
+    assert "Secret" not in chart.kinds(manifests)
+    assert volumes(manifests)["token"]["secret"]["secretName"] == "ckpt-token"
+
+
+def test_daemon_pods_are_not_selected_by_the_operator_service(helm: chart.Helm) -> None:
+    manifests = helm.render(ENABLED)
+    labels = daemonset(manifests)["spec"]["template"]["metadata"]["labels"]
+    service = chart.only(manifests, "Service")
+    assert not service["spec"]["selector"].items() <= labels.items()
+    assert labels["app.kubernetes.io/component"] == "checkpoint-daemon"
+
+
+REJECTED = [
+    ("port=80", "port", "a privileged port"),
+    ("memory=lots", "memory", "a malformed memory bound"),
+    ("memory=16K", "memory", "a suffix helm and the daemon read differently"),
+    ("hostPath=relative", "hostPath", "a relative host path"),
+    ("keep=0", "keep", "keeping no step"),
+    ("replicas=3", "replicas", "a value the chart does not know"),
+]
+
+
+@pytest.mark.parametrize(("value", "message"), [pytest.param(v, m, id=i) for v, m, i in REJECTED])
+def test_the_chart_rejects(helm: chart.Helm, value: str, message: str) -> None:
+    result = helm.template(ENABLED, f"checkpointDaemon.{value}")
+    assert result.returncode != 0, result.stdout[:400]
+    assert message in result.stderr
+
+
+def test_every_checkpoint_daemon_value_has_a_comment_above_it() -> None:
+    text = (chart.CHART / "values.yaml").read_text()
+    lines = text.splitlines()
+    groups = {"checkpointDaemon.image", "checkpointDaemon.token"}
+    for path, number in chart.key_lines(text).items():
+        parts = path.split(".")
+        if parts[0] != "checkpointDaemon" or len(parts) > 3 or path in groups:
+            continue
+        if len(parts) == 3 and ".".join(parts[:2]) not in groups:
+            continue  # inside a map value such as resources
+        assert lines[number - 1].lstrip().startswith("#"), f"values.yaml:{number + 1} {path}"
+
+
+def test_the_defaults_are_the_ones_documented() -> None:
+    values = yaml.safe_load((chart.CHART / "values.yaml").read_text())["checkpointDaemon"]
+    assert values["enabled"] is False
+    assert values["token"] == {"existingSecret": ""}
+
+
+def test_helm_lint_strict_passes_with_the_daemon_on(helm: chart.Helm) -> None:
+    result = helm.run(
+        "lint", str(chart.CHART), "--strict", "--kube-version", chart.KUBE_VERSION, "--set", ENABLED
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
