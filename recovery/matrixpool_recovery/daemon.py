@@ -171,7 +171,11 @@ class Daemon:
         """A written buffer becomes a tier-1 shard (or transit); the other tiers start."""
         self.memory.protect(job, options.committed)
         hold = MEMORY in options.tiers
-        self.memory.commit(job, rank, step, record, options.world_size, hold)
+        try:
+            self.memory.commit(job, rank, step, record, options.world_size, hold)
+        except errors.IntegrityError:
+            self.memory.abandon(record.buffer)
+            raise
         tasks = self._tasks(job, rank, step, record, options, hold)
         pending: dict[str, dict[str, Any] | None] = dict.fromkeys(tasks)
         if hold:

@@ -8,10 +8,10 @@ timed-out connection becomes ``DaemonUnreachableError`` (a lost node looks like 
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,7 +59,7 @@ def shard_path(job: str, rank: int, step: int, action: str, **query: Any) -> str
     return f"{path}?{urlencode(pairs)}" if pairs else path
 
 
-@contextmanager
+@contextlib.contextmanager
 def _talking(endpoint: Endpoint) -> Iterator[None]:
     """Turn socket failures into DaemonUnreachableError."""
     try:
@@ -117,7 +117,9 @@ def put_shard(
             for name, value in endpoint.headers({"Content-Length": str(size), **meta}).items():
                 conn.putheader(name, value)
             conn.endheaders()
-            _send_body(conn, source, size)
+            # Refused before the body was read (token, memory): the answer says why.
+            with contextlib.suppress(OSError):
+                _send_body(conn, source, size)
             response = conn.getresponse()
             answer = response.read()
         finally:

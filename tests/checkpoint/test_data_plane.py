@@ -234,3 +234,14 @@ def test_a_trainer_without_the_daemons_shared_memory_uploads_and_downloads(
     assert digest(restored.state) == digest(state_for(0, 2))
     assert digest(older.state) == digest(state_for(0, 1))
     assert holders(cluster, 2, "memory") == {0: {"a", "c"}}
+
+
+def test_an_upload_refused_before_its_body_is_read_reports_why(cluster: Cluster) -> None:
+    cluster.start("a")
+    path = wire.shard_path(JOB, 0, 1, "shard")
+    meta = {wire.HEADER + "Checksum": "xxh3_64:00", wire.HEADER + "World-Size": "1"}
+    body = memoryview(bytes(64 << 20))
+    with pytest.raises(errors.AuthError, match="refused the token"):
+        wire.put_shard(wire.Endpoint(cluster.address("a"), "guess"), path, meta, body, len(body))
+    with pytest.raises(errors.MemoryFullError, match="full"):
+        wire.put_shard(wire.Endpoint(cluster.address("a"), TOKEN), path, meta, body, 1 << 30)
