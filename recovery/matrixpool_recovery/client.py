@@ -55,6 +55,7 @@ from matrixpool_recovery.spec import LOCAL, MEMORY, TIERS, CheckpointSpec
 log = logging.getLogger(__name__)
 FOLLOW_WAIT = 30.0  # seconds per status request while following a save
 SOURCE_ORDER = ("memory", "peer", "local", "peer-local", "persistent")  # fastest first
+MAPS_KEPT = 3  # daemon buffers kept mapped: one being written, two kept steps it cycles through
 READ_ERRORS = (errors.CheckpointError, OSError, http.client.HTTPException, ValueError)
 
 
@@ -156,6 +157,7 @@ class Checkpointer:
         self._committed: int | None = None  # newest tier-1 step known committed for all ranks
         self._colocated = shared_memory  # may this process open the daemon's buffers? None: probe
         self._maps: OrderedDict[str, tuple[mmap.mmap, int]] = OrderedDict()  # buffer -> map
+        self._unreachable: list[str] = []  # daemons that did not answer the last look-up
         self._upload: np.ndarray[Any, np.dtype[np.uint8]] | None = None  # reused, remote case
 
     @classmethod
@@ -372,13 +374,10 @@ class Checkpointer:
             flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
             mapping = mmap.mmap(file.fileno(), size, flags=flags)
         self._maps[buffer_id] = (mapping, size)
-        while len(self._maps) > self._maps_kept():
+        while len(self._maps) > MAPS_KEPT:
             _, (old, _) = self._maps.popitem(last=False)
             old.close()
         return mapping
-
-    def _maps_kept(self) -> int:
-        return 3  # the buffer being written and the two kept steps it cycles through
 
     # --- restoring ---
 
@@ -405,7 +404,10 @@ class Checkpointer:
             else manifest.newest_complete([s.holding for s in sources], self.world_size)
         )
         if chosen is None:
-            raise errors.NoCheckpointError(f"{self.job}: no step is committed for every rank")
+            lost = "; ".join(self._unreachable) or "none"
+            raise errors.NoCheckpointError(
+                f"{self.job}: no step is committed for every rank (unreachable daemons: {lost})"
+            )
         mine = [s for s in sources if s.holding.step == chosen and s.holding.rank == self.rank]
         mine.sort(key=lambda s: (SOURCE_ORDER.index(s.kind), s.rank_of_peer))
         failures: list[str] = []
@@ -437,6 +439,7 @@ class Checkpointer:
     def _sources(self) -> list[_Source]:
         """Every copy the reachable daemons and the persistent URI hold of this job."""
         found: list[_Source] = []
+        self._unreachable = []
         daemons = [(self.daemon, 0)] + [(p, i + 1) for i, p in enumerate(self._peer_endpoints())]
         for endpoint, order in daemons:
             for holding in self._inventory(endpoint):
@@ -455,6 +458,7 @@ class Checkpointer:
             answer = wire.request(endpoint, "GET", f"/v1/inventory?job={self.job}")
         except errors.DaemonUnreachableError as err:
             log.info("skipping unreachable daemon: %s", err)
+            self._unreachable.append(endpoint.address)
             return []
         return [manifest.Holding.from_json(s) for s in answer["shards"]]
 

@@ -93,10 +93,7 @@ class DiskTier:
         return found
 
     def _prune(self, job: str) -> None:
-        steps = sorted((self.root / job).glob("step-*"), reverse=True)
-        committed = [s for s in steps if (s / manifest.FILE).exists()]
-        for old in committed[self.keep :]:
-            shutil.rmtree(old, ignore_errors=True)
+        prune(self.root / job, self.keep)
 
     def drop_job(self, job: str) -> None:
         shutil.rmtree(self.root / names.job(job), ignore_errors=True)
@@ -160,13 +157,18 @@ class Persistent:
         return found.shards[rank], directory / shard_name(rank)
 
     def _prune(self, job: str) -> None:
-        steps = sorted((self.root / job).glob("step-*"), reverse=True)
-        committed = [s for s in steps if (s / manifest.FILE).exists()]
-        if len(committed) > self.keep:
-            oldest_kept = committed[self.keep - 1].name
-            for old in steps:
-                if old.name < oldest_kept:
-                    shutil.rmtree(old, ignore_errors=True)
+        prune(self.root / job, self.keep)
+
+
+def prune(job_dir: Path, keep: int) -> None:
+    """Keep the newest `keep` committed steps, and newer partial ones; delete the rest."""
+    steps = sorted(job_dir.glob("step-*"), reverse=True)
+    committed = [s for s in steps if (s / manifest.FILE).exists()]
+    if len(committed) > keep:
+        oldest_kept = committed[keep - 1].name
+        for old in steps:
+            if old.name < oldest_kept:
+                shutil.rmtree(old, ignore_errors=True)
 
 
 def _load_quiet(directory: Path) -> manifest.Manifest | None:

@@ -82,6 +82,8 @@ class MemoryTier:
 
     def reserve(self, job: str, rank: int, step: int, size: int) -> Buffer:
         """A buffer of `size` bytes for a shard of (job, rank, step), making room if needed."""
+        if size <= 0:
+            raise ValueError(f"a shard of {size} bytes")
         with self._lock:
             self._reclaim_stale()
             buffer = self._pick_free(job, rank, size)
