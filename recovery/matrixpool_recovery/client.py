@@ -342,7 +342,7 @@ class Checkpointer:
             self._committed = self._newest_memory_step()
 
     def _newest_memory_step(self) -> int | None:
-        found = [s.holding for s in self._sources() if s.holding.tier == MEMORY]
+        found = [s.holding for s in self._sources(persistent=False) if s.holding.tier == MEMORY]
         return manifest.newest_complete(found, self.world_size, MEMORY)
 
     # --- the daemon's memory, mapped ---
@@ -436,8 +436,8 @@ class Checkpointer:
                 return []
         return self._peers
 
-    def _sources(self) -> list[_Source]:
-        """Every copy the reachable daemons and the persistent URI hold of this job."""
+    def _sources(self, persistent: bool = True) -> list[_Source]:
+        """Every copy the reachable daemons (and the persistent URI) hold of this job."""
         found: list[_Source] = []
         self._unreachable = []
         daemons = [(self.daemon, 0)] + [(p, i + 1) for i, p in enumerate(self._peer_endpoints())]
@@ -447,7 +447,7 @@ class Checkpointer:
                 if order:
                     kind = "peer" if holding.tier == MEMORY else "peer-local"
                 found.append(_Source(kind, holding, endpoint, order))
-        if self.spec.persistent_uri:
+        if persistent and self.spec.persistent_uri:
             store = files.Persistent(self.spec.persistent_uri, keep=1)
             for built in store.manifests(self.job):
                 found += [_Source("persistent", h, None) for h in manifest.holdings(built)]
