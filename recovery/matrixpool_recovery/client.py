@@ -236,10 +236,7 @@ class Checkpointer:
             self._thread.start()
 
     def _run(self) -> None:
-        for _ in iter(int, 1):  # until close() queues None
-            item = self._queue.get()
-            if item is None:
-                return
+        for item in iter(self._queue.get, None):  # until close() queues None
             self._process(item)
 
     def _process(self, item: _Save) -> None:
@@ -247,8 +244,8 @@ class Checkpointer:
         try:
             tiers = self._hand_over(item)
             self._follow(handle, tiers)
-        except READ_ERRORS as err:
-            log.warning("checkpoint step %d failed: %s", handle.step, err)
+        except Exception as err:  # every failure reaches the trainer through wait()
+            log.warning("checkpoint step %d failed: %r", handle.step, err)
             for tier in handle.tiers:
                 handle.outcomes.setdefault(tier, {"state": "error", "error": str(err)})
         finally:
