@@ -55,6 +55,7 @@ log = logging.getLogger("matrixpool_recovery.daemon")
 MAX_JSON = 1 << 20  # bytes of a JSON request body
 RECEIVE_PIECE = 4 << 20  # bytes per read when a shard arrives
 MAX_WAIT = 60.0  # seconds a status request may wait
+LINGER_SECONDS = 5.0  # seconds to wait for the rest of a refused upload
 STATUSES_KEPT = 4096  # save statuses remembered
 ReadInto = Callable[[memoryview], int]  # fills a buffer from the request body
 _STATUS = {
@@ -369,6 +370,7 @@ class Handler(BaseHTTPRequestHandler):
 
     server: Server
     protocol_version = "HTTP/1.0"
+    body_read = False  # whether the request body was consumed (see _linger)
 
     def do_GET(self) -> None:
         self._dispatch("GET")
@@ -386,6 +388,7 @@ class Handler(BaseHTTPRequestHandler):
         log.debug("%s " + format, self.address_string(), *args)
 
     def _dispatch(self, method: str) -> None:
+        self.body_read = False  # an error answer must drain what the client still sends
         parts = urlsplit(self.path)
         segments = [unquote(s) for s in parts.path.split("/")[1:]]
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
@@ -467,6 +470,7 @@ class Handler(BaseHTTPRequestHandler):
             return meta.get(re.sub(r"([A-Z])", r"-\1", key).lower())
 
         options = SaveOptions.parse(get, daemon.node)
+        self.body_read = True  # from here on, receive reads it or the connection is broken
         record = daemon.receive(job, rank, step, size, str(get("checksum")), self.rfile.readinto)
         stored = manifest.ShardRecord(rank, size, record.checksum, options.origin, record.buffer)
         self._json(daemon.stored(job, rank, step, stored, options))
@@ -498,6 +502,7 @@ class Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length", "0"))
         if not 0 < length <= MAX_JSON:
             raise ValueError(f"a JSON body of 1..{MAX_JSON} bytes is needed")
+        self.body_read = True
         body = json.loads(self.rfile.read(length))
         if not isinstance(body, dict):
             raise ValueError("the JSON body must be an object")
@@ -521,6 +526,25 @@ class Handler(BaseHTTPRequestHandler):
             log.warning("%s %s failed: %r", self.command, self.path, err)
         with contextlib.suppress(OSError):
             self._json({"error": str(err) or repr(err)}, status)
+            self._linger()
+
+    def _linger(self) -> None:
+        """Drop the body the client is still sending, so that it reads the answer.
+
+        Closing with unread bytes would reset the connection and lose the answer.
+        """
+        left = int(self.headers.get("Content-Length", "0") or 0)
+        if self.body_read or left <= 0:
+            return
+        self.wfile.flush()
+        self.connection.shutdown(socket.SHUT_WR)
+        self.connection.settimeout(LINGER_SECONDS)
+        scratch = memoryview(bytearray(RECEIVE_PIECE))
+        for _ in range(left // len(scratch) + 1):
+            got = self.rfile.readinto(scratch[: min(left, len(scratch))])
+            left -= got
+            if not got or left <= 0:
+                return
 
 
 class Server(ThreadingHTTPServer):
