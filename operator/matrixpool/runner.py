@@ -21,7 +21,7 @@ def run(
     *, peering: str | None = None, namespaces: Sequence[str] = (), liveness: str | None = None
 ) -> None:
     logs.configure()
-    from matrixpool.handlers import supernode  # noqa: F401 -- registers the handlers
+    from matrixpool.handlers import loop  # noqa: F401 -- registers every handler
 
     kopf.on.startup()(_configure)
     kopf.run(

@@ -15,9 +15,9 @@ from tests.integration import framework
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[framework.TestCluster]:
-    """The session's control plane: 1 supernode of 48 nodes × 8 cards, 4 nodes per rack
-    (MATRIXPOOL_TEST_SUPERNODES raises the supernode count). Failing to start fails."""
-    shape = topology.Shape(supernodes=int(os.environ.get("MATRIXPOOL_TEST_SUPERNODES", "1")))
+    """The session's control plane: 2 supernodes of 48 nodes × 8 cards, 4 nodes per rack
+    (MATRIXPOOL_TEST_SUPERNODES changes the supernode count). Failing to start fails."""
+    shape = topology.Shape(supernodes=int(os.environ.get("MATRIXPOOL_TEST_SUPERNODES", "2")))
     folder = tmp_path_factory.mktemp("cluster")
     test_cluster = framework.start_cluster(folder, shape)
     try:

@@ -110,7 +110,7 @@ class TestCluster:
 
 
 def start_cluster(folder: Path, shape: topology.Shape) -> TestCluster:
-    local = cluster.Cluster(folder, progress=lambda line: print(line, file=sys.stderr))
+    local = cluster.Cluster(folder, progress=lambda line: print(line, file=sys.stderr), tied=True)
     local.up(shape, crds=REPO / "crds")
     return TestCluster(local=local, shape=shape)
 
@@ -121,10 +121,11 @@ class Operator:
 
     cluster: TestCluster
     log_path: Path
+    env: dict[str, str] = field(default_factory=dict)  # extra environment, e.g. test knobs
     process: subprocess.Popen[bytes] | None = field(default=None)
 
     def start(self) -> Operator:
-        env = {**self.cluster.env(), "MATRIXPOOL_LOG_FORMAT": "json"}
+        env = {**self.cluster.env(), "MATRIXPOOL_LOG_FORMAT": "json", **self.env}
         log = open(self.log_path, "ab")  # noqa: SIM115 -- owned by the child for its life
         self.process = subprocess.Popen(
             [sys.executable, "-m", "matrixpool.cli", "run"],

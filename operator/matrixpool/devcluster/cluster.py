@@ -69,8 +69,13 @@ def default_folder() -> Path:
 class Cluster:
     """One local control plane, living in ``folder``."""
 
-    def __init__(self, folder: Path | None = None, *, progress: Progress | None = None) -> None:
+    def __init__(
+        self, folder: Path | None = None, *, progress: Progress | None = None, tied: bool = False
+    ) -> None:
+        """``tied``: the processes die with this Python process (tests), instead of
+        outliving it (``matrixpool cluster up``)."""
         self.folder = (folder or default_folder()).resolve()
+        self.tied = tied
         self.kubeconfig = self.folder / "kubeconfig"
         self.state_file = self.folder / "state.json"
         self._say: Progress = progress or (lambda line: print(line, file=sys.stderr))
@@ -310,6 +315,7 @@ class Cluster:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
                 cwd=self.folder,
+                preexec_fn=_die_with_parent if self.tied else None,
             )
         _CHILDREN[process.pid] = process
         state = self._read_state()
@@ -508,6 +514,14 @@ def _terminate(pid: int, grace: float = 10) -> None:
                 _reap(pid)
                 return
             _pause(0.05)
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL me when the process that started me dies."""
+    import ctypes
+
+    pr_set_pdeathsig, sigkill = 1, 9
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, sigkill)
 
 
 def _reap(pid: int) -> None:

@@ -1,16 +1,16 @@
 """SuperNode handlers: pool the cards of the member Nodes and keep ``status`` current.
 
-kopf indexes hold the facts (Nodes, card-holding Pods, every SuperNode's selector); one daemon per
-SuperNode recomputes its status from them every :data:`SYNC_SECONDS` and patches only what
-changed. Because the indexes are rebuilt from the API before any daemon starts, an operator
-killed at any moment converges to the same status when it comes back.
+kopf indexes hold the facts (Nodes, card-holding Pods, every SuperNode); the operator's main loop
+(:mod:`matrixpool.handlers.loop`) calls :func:`report` every cycle, which recomputes each status
+and patches only what changed. Because the indexes are rebuilt from the API before the loop
+starts, an operator killed at any moment converges to the same status when it comes back.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import kopf
 import pydantic
@@ -18,12 +18,12 @@ import structlog
 
 from matrixpool import api, clock
 from matrixpool.api import common, supernode
+from matrixpool.handlers import scheduler
 from matrixpool.k8s import convert
 from matrixpool.k8s import status as k8s_status
 from matrixpool.placement import inventory
 
 GROUP, VERSION, PLURAL = api.GROUP, api.VERSION, supernode.PLURAL
-SYNC_SECONDS = 1.0
 
 log = structlog.get_logger(__name__)
 
@@ -42,76 +42,75 @@ def node_facts(
 
 @kopf.index("", "v1", "pods")
 def pod_cards(
-    spec: Mapping[str, Any], status: Mapping[str, Any], **_: Any
+    spec: Mapping[str, Any], status: Mapping[str, Any], labels: Mapping[str, str], **_: Any
 ) -> dict[str, dict[str, int]] | None:
-    held = convert.pod_cards(spec, status)
+    held = convert.pod_cards(spec, status, labels)
     return {spec["nodeName"]: held} if held else None
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
-def supernode_selectors(
-    name: str, spec: Mapping[str, Any], **_: Any
-) -> dict[str, inventory.Selector]:
-    return {name: inventory.Selector.from_spec(spec.get("nodeSelector"))}
+def supernode_models(name: str, body: kopf.Body, **_: Any) -> dict[str, supernode.SuperNode]:
+    try:
+        return {name: supernode.parse(common.plain(body))}
+    except pydantic.ValidationError:
+        return {}  # the CRD rejects such specs; if one slips through, it is left alone
 
 
-@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=5)  # type: ignore[arg-type]
-async def keep_status(
-    name: str,
-    body: kopf.Body,
-    stopped: kopf.DaemonStopped,
-    node_facts: kopf.Index[str, inventory.NodeInfo],
-    pod_cards: kopf.Index[str, dict[str, int]],
-    supernode_selectors: kopf.Index[str, inventory.Selector],
-    **_: Any,
-) -> None:
-    last: Mapping[str, Any] | None = None
-    while not stopped:
-        facts = Facts.collect(node_facts, pod_cards, supernode_selectors)
-        current = common.plain(body.get("status") or {})
-        try:
-            desired = desired_status(name, body, facts)
-        except pydantic.ValidationError as error:  # only if the CRD and the model disagree
-            log.error("supernode spec does not parse", supernode=name, error=str(error))
-            await stopped.wait(SYNC_SECONDS * 10)
+async def report(world: scheduler.World, last: dict[str, dict[str, Any]]) -> None:
+    """Patch the status of every SuperNode whose numbers or conditions changed.
+
+    ``last`` remembers what was written, so an unchanged status costs no API call.
+    """
+    facts = Facts.collect(world)
+    for name, sn in sorted(world.supernodes.items()):
+        current = common.to_wire(sn.status)
+        desired = desired_status(name, sn, facts)
+        if desired == last.get(name) or not _differs(desired, current):
             continue
-        if desired != last and _differs(desired, current):
-            await k8s_status.patch_cluster_status(PLURAL, name, desired)
-            _announce(body, current, desired)
-            last = desired
-        await stopped.wait(SYNC_SECONDS)
+        await k8s_status.patch_cluster_status(PLURAL, name, desired)
+        _announce(sn, current, desired)
+        last[name] = desired
 
 
 @dataclass(frozen=True)
 class Facts:
-    """One consistent read of the indexes."""
+    """What a SuperNode's status is computed from."""
 
     nodes: list[inventory.NodeInfo]
-    held: dict[str, dict[str, int]]  # node name → extended resources held by live pods
+    held: dict[str, dict[str, int]]  # node name → cards (by resource) held by live pods
     selectors: dict[str, inventory.Selector]  # supernode name → selector
 
     @classmethod
-    def collect(
-        cls,
-        nodes: kopf.Index[str, inventory.NodeInfo],
-        pods: kopf.Index[str, dict[str, int]],
-        selectors: kopf.Index[str, inventory.Selector],
-    ) -> Facts:
+    def collect(cls, world: scheduler.World) -> Facts:
+        held = {node: dict(resources) for node, resources in world.foreign.items()}
+        for sn in world.supernodes.values():
+            selector = inventory.Selector.from_spec(common.to_wire(sn.spec.node_selector))
+            members = {n.name for n in inventory.members(selector, world.nodes)}
+            for facts in world.pods.values():
+                for pod in facts:
+                    node = pod.node or pod.reserved_node
+                    if pod.holds_cards and node in members:
+                        by_resource = held.setdefault(node or "", {})
+                        resource = sn.spec.card_resource
+                        by_resource[resource] = by_resource.get(resource, 0) + len(pod.cards)
+        selectors = {
+            name: inventory.Selector.from_spec(common.to_wire(sn.spec.node_selector))
+            for name, sn in world.supernodes.items()
+        }
+        return cls(nodes=world.nodes, held=held, selectors=selectors)
+
+    @staticmethod
+    def sum_held(pods: kopf.Index[str, dict[str, int]]) -> dict[str, dict[str, int]]:
         held: dict[str, dict[str, int]] = {}
         for node, store in pods.items():
             for resources in store:
                 for key, count in resources.items():
                     held.setdefault(node, {})[key] = held.setdefault(node, {}).get(key, 0) + count
-        return cls(
-            nodes=[info for store in nodes.values() for info in store],
-            held=held,
-            selectors={name: next(iter(store)) for name, store in selectors.items() if store},
-        )
+        return held
 
 
-def desired_status(name: str, body: Mapping[str, Any], facts: Facts) -> dict[str, Any]:
-    """The status ``name`` should have, given the facts (pure; the daemon's whole logic)."""
-    sn = supernode.parse(common.plain(body))
+def desired_status(name: str, sn: supernode.SuperNode, facts: Facts) -> dict[str, Any]:
+    """The status ``name`` should have, given the facts (pure)."""
     spec = sn.spec
     selector = inventory.Selector.from_spec(common.to_wire(spec.node_selector))
     members = inventory.members(selector, facts.nodes)
@@ -179,17 +178,29 @@ def _differs(desired: Mapping[str, Any], current: Mapping[str, Any]) -> bool:
     return any(current.get(key) != value for key, value in desired.items())
 
 
-def _announce(body: kopf.Body, current: Mapping[str, Any], desired: Mapping[str, Any]) -> None:
+def _announce(
+    sn: supernode.SuperNode, current: Mapping[str, Any], desired: Mapping[str, Any]
+) -> None:
     """An Event and a log line whenever the Ready condition changes status or reason."""
     old = _ready(current)
     new = _ready(desired)
     if (old.get("status"), old.get("reason")) == (new.get("status"), new.get("reason")):
         return
     kind = "Normal" if new.get("status") == "True" else "Warning"
-    kopf.event(body, type=kind, reason=str(new.get("reason")), message=str(new.get("message")))
+    ref = {
+        "apiVersion": sn.api_version,
+        "kind": sn.kind,
+        "metadata": {"name": sn.metadata.name, "uid": sn.metadata.uid},
+    }
+    kopf.event(
+        cast(kopf.Body, ref),
+        type=kind,
+        reason=str(new.get("reason")),
+        message=str(new.get("message")),
+    )
     log.info(
         "supernode readiness changed",
-        supernode=body["metadata"]["name"],
+        supernode=sn.metadata.name,
         ready=new.get("status"),
         reason=new.get("reason"),
         message=new.get("message"),

@@ -5,12 +5,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from matrixpool.api import labels as names
 from matrixpool.placement import inventory
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+NODE_ANNOTATION = "matrixpool.dev/node"  # a reserved pod's node while it is being bound
 
 
 def node_info(
@@ -48,8 +50,13 @@ def extended_resources(resources: Mapping[str, Any]) -> dict[str, int]:
     return counts
 
 
-def pod_cards(spec: Mapping[str, Any], status: Mapping[str, Any]) -> dict[str, int] | None:
-    """Extended resources a bound, live pod holds on its node, or None if it holds none."""
+def pod_cards(
+    spec: Mapping[str, Any], status: Mapping[str, Any], labels: Mapping[str, str]
+) -> dict[str, int] | None:
+    """Extended resources a bound, live pod that matrixpool did not place holds on its node
+    (kube-scheduler's pods with a device plugin's cards), or None if it holds none."""
+    if names.JOB in labels:
+        return None
     if not spec.get("nodeName") or status.get("phase") in TERMINAL_PHASES:
         return None
     held: dict[str, int] = {}
@@ -59,3 +66,69 @@ def pod_cards(spec: Mapping[str, Any], status: Mapping[str, Any]) -> dict[str, i
         for key, count in extended_resources(requested).items():
             held[key] = held.get(key, 0) + count
     return held or None
+
+
+@dataclass(frozen=True)
+class PodFacts:
+    """A pod of a matrixpool gang, as the scheduler cycle needs it."""
+
+    namespace: str
+    name: str
+    owner: str  # value of the matrixpool.dev/job label
+    kind: str  # TrainingJob | InferenceService
+    role: str  # matrixpool.dev/role: "trainer", or the inference role
+    replica: int  # matrixpool.dev/replica
+    rank: int  # matrixpool.dev/rank
+    node: str | None  # spec.nodeName once bound
+    reserved_node: str | None  # annotation matrixpool.dev/node: chosen, binding in progress
+    cards: frozenset[int]  # annotation matrixpool.dev/cards
+    phase: str
+    deleting: bool
+    ready: bool
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def holds_cards(self) -> bool:
+        return bool(self.cards) and bool(self.node or self.reserved_node)
+
+
+def pod_facts(
+    name: str,
+    namespace: str,
+    labels: Mapping[str, str],
+    annotations: Mapping[str, str],
+    spec: Mapping[str, Any],
+    status: Mapping[str, Any],
+    meta: Mapping[str, Any],
+) -> PodFacts | None:
+    """The facts of a matrixpool pod, or None for other pods."""
+    owner = labels.get(names.JOB)
+    if not owner:
+        return None
+    cards, _ = inventory.parse_card_list(annotations.get(names.CARDS))
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    return PodFacts(
+        namespace=namespace,
+        name=name,
+        owner=owner,
+        kind=labels.get(names.KIND, ""),
+        role=labels.get(names.ROLE, ""),
+        replica=_number(labels.get(names.REPLICA)),
+        rank=_number(labels.get(names.RANK)),
+        node=spec.get("nodeName"),
+        reserved_node=annotations.get(NODE_ANNOTATION),
+        cards=cards,
+        phase=status.get("phase") or "Pending",
+        deleting=bool(meta.get("deletionTimestamp")),
+        ready=ready,
+    )
+
+
+def _number(text: str | None) -> int:
+    return int(text) if text and text.isdigit() else 0

@@ -42,3 +42,19 @@ async def patch_cluster_status(plural: str, name: str, status: Mapping[str, Any]
         )
 
     await asyncio.to_thread(call)
+
+
+async def patch_status(plural: str, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+    """Merge-patch ``status`` into the namespaced object ``plural/namespace/name``."""
+
+    @_retry
+    def call() -> None:
+        try:
+            k8s_client.default_api().custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, plural, name, {"status": dict(status)}
+            )
+        except Exception as error:
+            if not k8s_client.is_status(error, 404):  # deleted meanwhile: nothing to report
+                raise
+
+    await asyncio.to_thread(call)

@@ -57,8 +57,10 @@ def pods_per_replica(cards_per_replica: int, cards_per_node: int | None) -> tupl
 
     A size that is not a multiple of the node is left as one pod; check_servable reports it.
     """
-    if cards_per_node and cards_per_replica > cards_per_node and (
-        cards_per_replica % cards_per_node == 0
+    if (
+        cards_per_node
+        and cards_per_replica > cards_per_node
+        and (cards_per_replica % cards_per_node == 0)
     ):
         return cards_per_replica // cards_per_node, cards_per_node
     return 1, cards_per_replica
@@ -136,6 +138,7 @@ def inference_gangs(
                 affinity=model.Affinity.REQUIRED,
                 spread_group=f"{namespace}/{name}/{role.name}",
                 preemptible=True,
+                cards_field=f"spec.roles[{role.name}].cardsPerPod",
             )
             gangs.append(Gang(request, pods, name, inferenceservice.KIND, role.name))
     return gangs

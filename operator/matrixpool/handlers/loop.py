@@ -1,0 +1,90 @@
+"""The operator's main loop: one kopf daemon that runs the scheduling cycle and the SuperNode
+status report, about every :data:`CYCLE_SECONDS`.
+
+The daemon hangs off an *anchor* ConfigMap (``matrixpool-scheduler``, label
+``matrixpool.dev/component=scheduler``) that the operator creates in its own namespace at
+startup. kopf puts its finalizer on the object a daemon runs for; anchoring the loop to an object
+of our own keeps that finalizer off users' SuperNodes, so they can always be deleted, operator or
+not. kopf starts the daemon only once every index has its initial listing, and pauses it on
+replicas that lose a peering election, so exactly one loop schedules at a time.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import kopf
+import structlog
+
+from matrixpool.handlers import scheduler, supernode, workloads
+from matrixpool.k8s import anchor
+from matrixpool.k8s.convert import PodFacts
+from matrixpool.placement import inventory
+
+CYCLE_SECONDS = 0.25
+ERROR_BACKOFF_SECONDS = 2.0
+LABEL = {anchor.COMPONENT_LABEL: anchor.COMPONENT}
+log = structlog.get_logger(__name__)
+
+
+def namespace() -> str:
+    """The operator's namespace: MATRIXPOOL_NAMESPACE (the chart sets it), else default."""
+    return os.environ.get("MATRIXPOOL_NAMESPACE") or "default"
+
+
+@kopf.on.startup()
+async def create_anchor(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.watching.label_selectors["", "configmaps"] = (
+        f"{anchor.COMPONENT_LABEL}={anchor.COMPONENT}"
+    )
+    await anchor.ensure(namespace())
+
+
+@kopf.on.cleanup()
+async def release_anchor(settings: kopf.OperatorSettings, **_: Any) -> None:
+    """A standalone operator that stops cleanly leaves nothing behind that blocks a namespace
+    deletion; peers leave the anchor to the one still running."""
+    if settings.peering.standalone:
+        await anchor.remove(namespace())
+
+
+@kopf.daemon("", "v1", "configmaps", labels=LABEL, cancellation_timeout=5)  # type: ignore[arg-type]
+async def main_loop(
+    stopped: kopf.DaemonStopped,
+    node_facts: kopf.Index[str, inventory.NodeInfo],
+    pod_cards: kopf.Index[str, dict[str, int]],
+    supernode_models: kopf.Index[str, Any],
+    gang_pods: kopf.Index[str, PodFacts],
+    training_jobs: kopf.Index[str, workloads.Workload],
+    inference_services: kopf.Index[str, workloads.Workload],
+    **_: Any,
+) -> None:
+    log.info("main loop started", namespace=namespace())
+    reported: dict[str, dict[str, Any]] = {}
+
+    def world() -> scheduler.World:
+        return scheduler.World(
+            supernodes=_first(supernode_models),
+            nodes=_all(node_facts),
+            foreign=supernode.Facts.sum_held(pod_cards),
+            pods={key: list(store) for key, store in gang_pods.items()},
+            workloads=[*_all(training_jobs), *_all(inference_services)],
+        )
+
+    while not stopped:
+        try:
+            await scheduler.run_cycle(world)
+            await supernode.report(world(), reported)
+        except Exception:  # one bad cycle must not stop scheduling; the next one retries
+            log.exception("cycle failed; retrying")
+            await stopped.wait(ERROR_BACKOFF_SECONDS)
+        await stopped.wait(CYCLE_SECONDS)
+
+
+def _all(index: kopf.Index[str, Any]) -> list[Any]:
+    return [value for store in index.values() for value in store]
+
+
+def _first(index: kopf.Index[str, Any]) -> dict[str, Any]:
+    return {key: next(iter(store)) for key, store in index.items() if store}

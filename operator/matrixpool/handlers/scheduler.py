@@ -1,0 +1,649 @@
+"""The scheduling cycle: keeps the pods of every gang in existence, places whole gangs onto
+cards with the pure engine, binds them, preempts lower priorities, and reports status.
+
+One cycle runs at a time for the whole operator: the main loop (:mod:`matrixpool.handlers.loop`)
+calls :func:`run_cycle`, and since every decision is taken on one snapshot inside the cycle, no
+card can be given twice. Binding is two-phase (reserve every pod of the gang, then bind
+each; see :mod:`matrixpool.k8s.pods`), so an operator killed at any moment comes back, rebuilds
+the holdings from the pods' annotations, and finishes or undoes a half-bound gang.
+
+Cycle phases: 1 read the world from the indexes, 2 the gangs each workload wants,
+3 create missing pods and delete surplus ones, 4 finish or undo half-done bindings,
+5 place pending gangs highest priority first (preempting if needed), 6 bind, 7 write status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import kopf
+import structlog
+
+from matrixpool import clock
+from matrixpool.api import common, inferenceservice, labels, supernode, trainingjob
+from matrixpool.handlers.workloads import Workload
+from matrixpool.k8s import configmaps, convert, pods
+from matrixpool.k8s import status as k8s_status
+from matrixpool.placement import engine, gangs, inventory, model
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class World:
+    """One consistent read of every index."""
+
+    supernodes: dict[str, supernode.SuperNode]
+    nodes: list[inventory.NodeInfo]
+    foreign: dict[str, dict[str, int]]  # node → resources held by pods matrixpool did not place
+    pods: dict[str, list[convert.PodFacts]]  # "<ns>/<owner>" → its pods
+    workloads: list[Workload]
+
+
+@dataclass
+class Memory:
+    """What the cycle remembers between runs (all of it can be lost safely)."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    last_run: float = -1e9
+    reasons: dict[str, model.Reason] = field(default_factory=dict)  # gang → why it waits
+    expert_maps: dict[str, str] = field(default_factory=dict)  # configmap → content written
+    statuses: dict[str, dict[str, Any]] = field(default_factory=dict)  # workload → last patch
+
+
+MEMORY = Memory()
+
+
+async def run_cycle(world_reader: Any) -> None:
+    """Run one cycle; ``world_reader()`` → World. Serialized by a lock, as a safety net."""
+    async with MEMORY.lock:
+        MEMORY.last_run = clock.SYSTEM.monotonic()
+        await Cycle(world_reader(), MEMORY).run()
+
+
+class Cycle:
+    """One pass over the world; short-lived."""
+
+    def __init__(self, world: World, memory: Memory) -> None:
+        self.world = world
+        self.memory = memory
+        self.topologies = topologies(world)
+        self.supernode_of: dict[str, str] = {
+            str(n.name): t.name for t in self.topologies for n in t.nodes
+        }
+        self.sizes = {t.name: max((n.cards for n in t.nodes), default=0) for t in self.topologies}
+
+    async def run(self) -> None:
+        wanted = {w.key: self.gangs_of(w) for w in self.world.workloads if w.model}  # phase 2
+        await self.reconcile_pods(wanted)  # phase 3
+        pending = await self.finish_half_bound(wanted)  # phase 4
+        bindings = await self.place(pending)  # phase 5
+        await self.bind(bindings)  # phase 6
+        await self.report(wanted, bindings)  # phase 7
+
+    # ---- phase 2: what each workload wants ---------------------------------------------------
+
+    def gangs_of(self, workload: Workload) -> list[gangs.Gang]:
+        if isinstance(workload.model, trainingjob.TrainingJob):
+            spec = workload.model.spec
+            size = self.sizes.get(spec.super_node or "") or max(self.sizes.values(), default=0)
+            replicas = effective_replicas(workload)
+            return [gangs.training_gang(workload.namespace, workload.name, spec, size, replicas)]
+        assert isinstance(workload.model, inferenceservice.InferenceService)
+        return gangs.inference_gangs(workload.namespace, workload.name, workload.model.spec)
+
+    # ---- phase 3: pods exist exactly for the wanted gangs ----------------------------------
+
+    async def reconcile_pods(self, wanted: Mapping[str, list[gangs.Gang]]) -> None:
+        for workload in self.world.workloads:
+            existing = {p.name: p for p in self.world.pods.get(workload.key, [])}
+            plans = [p for g in wanted.get(workload.key, []) for p in g.pods]
+            names = {p.name for p in plans}
+            template = self.template(workload)
+            resource = self.card_resource(workload)
+            create = [
+                pods.manifest(plan, template(plan.role), workload.ref, resource)
+                for plan in plans
+                if plan.name not in existing
+            ]
+            delete = [
+                (p.namespace, p.name)
+                for p in existing.values()
+                if p.name not in names and not p.deleting
+            ]
+            try:
+                if create:
+                    await pods.create(create)
+                if delete:
+                    await pods.delete(delete)
+            except Exception as error:  # e.g. a namespace being deleted: the others go on
+                log.warning("could not reconcile pods", workload=workload.key, error=str(error))
+
+    def template(self, workload: Workload) -> Any:
+        if isinstance(workload.model, trainingjob.TrainingJob):
+            template = workload.model.spec.template
+            return lambda role: template
+        assert isinstance(workload.model, inferenceservice.InferenceService)
+        roles = {r.name: r.template for r in workload.model.spec.roles}
+        return lambda role: roles.get(role, {})
+
+    def card_resource(self, workload: Workload) -> str:
+        assert workload.model is not None
+        name = workload.model.spec.super_node
+        if name and name in self.world.supernodes:
+            return self.world.supernodes[name].spec.card_resource
+        first = next(
+            iter(sorted(self.world.supernodes.values(), key=lambda s: s.metadata.name)), None
+        )
+        return first.spec.card_resource if first else "huawei.com/Ascend910"
+
+    # ---- phase 4: finish or undo half-done bindings ----------------------------------------
+
+    async def finish_half_bound(self, wanted: Mapping[str, list[gangs.Gang]]) -> list[Pending]:
+        """Gangs still to place; binds fully reserved gangs, clears partial reservations."""
+        pending: list[Pending] = []
+        finish: list[tuple[str, str, str]] = []
+        undo: list[tuple[str, str]] = []
+        for workload in self.world.workloads:
+            facts = {p.name: p for p in self.world.pods.get(workload.key, [])}
+            for gang in wanted.get(workload.key, []):
+                pods_now = [facts.get(p.name) for p in gang.pods]
+                if any(p is None or p.deleting for p in pods_now):
+                    continue  # wait until every pod exists (and old ones are gone)
+                present = [p for p in pods_now if p is not None]
+                state = gang_state(present)
+                if state == "reserved":
+                    finish += [
+                        (p.namespace, p.name, p.reserved_node or "") for p in present if not p.node
+                    ]
+                elif state == "partial":
+                    undo += [(p.namespace, p.name) for p in present if p.reserved_node]
+                elif state in ("unplaced", "holed"):
+                    pending.append(Pending(workload, gang, present))
+        if undo:
+            log.info("clearing partial reservations", pods=len(undo))
+            await pods.unreserve(undo)
+        if finish:
+            log.info("finishing reserved gangs", pods=len(finish))
+            await pods.bind(finish)
+        return pending
+
+    # ---- phase 5: place, highest priority first ---------------------------------------------
+
+    async def place(self, pending: list[Pending]) -> list[Binding]:
+        snapshot = engine.Snapshot.build(self.topologies, holdings(self.world))
+        victims = self.victim_requests()
+        bindings: list[Binding] = []
+        pending.sort(
+            key=lambda p: (-p.gang.request.priority, p.workload.created, p.gang.request.gang)
+        )
+        for item in pending:
+            request = item.request
+            verdict: model.Placement | model.Unplaceable | None
+            verdict = engine.check_servable(self.topologies, request)
+            if verdict is None:
+                verdict = engine.place(snapshot, request)
+            if isinstance(verdict, model.Placement):
+                snapshot.commit(verdict)
+                bindings.append(Binding(item, verdict))
+                self.memory.reasons.pop(item.gang.request.gang, None)
+                continue
+            if not verdict.permanent:
+                preemption = engine.preempt(snapshot, request, victims)
+                if isinstance(preemption, model.Preemption):
+                    await self.preempt(item, preemption)
+                    return bindings  # the world changes; place again next cycle
+            self.note_reason(item, verdict.reasons[0])
+        return bindings
+
+    def note_reason(self, item: Pending, reason: model.Reason) -> None:
+        """Remember why a gang waits; a Warning Event when the reason is new."""
+        key = item.gang.request.gang
+        if self.memory.reasons.get(key) != reason:
+            _event(item.workload, "Warning", reason.code, f"gang {key}: {reason.message}")
+            log.info("gang waits", gang=key, reason=reason.code, message=reason.message)
+        self.memory.reasons[key] = reason
+
+    def victim_requests(self) -> dict[model.GangKey, model.GangRequest]:
+        requests: dict[model.GangKey, model.GangRequest] = {}
+        for workload in self.world.workloads:
+            if workload.model is None:
+                continue
+            for gang in self.gangs_of(workload):
+                requests[gang.request.gang] = gang.request
+        return requests
+
+    async def preempt(self, item: Pending, plan: model.Preemption) -> None:
+        """Ask victims to checkpoint, then shrink elastic gangs and evict the rest."""
+        request_id = uuid.uuid4().hex[:12]
+        by_gang = {
+            g.request.gang: (w, g)
+            for w in self.world.workloads
+            if w.model
+            for g in self.gangs_of(w)
+        }
+        doomed: list[tuple[str, str]] = []
+        for key, keep in plan.shrink.items():
+            workload, gang = by_gang[key]
+            per = max(1, len(gang.pods) // max(1, effective_replicas(workload) or 1))
+            doomed += [(p.namespace, p.name) for p in gang.pods[keep:]]
+            await self.set_replicas(workload, keep // per)
+            _event(
+                workload,
+                "Warning",
+                "Shrunk",
+                f"shrunk to {keep} pods for {item.gang.request.gang} "
+                f"(priority {item.gang.request.priority})",
+            )
+        for key in plan.evict:
+            workload, gang = by_gang[key]
+            doomed += [(p.namespace, p.name) for p in gang.pods]
+            self.memory.statuses.pop(workload.key, None)
+            await self.mark_preempted(workload, item)
+        await pods.annotate(doomed, {labels.CHECKPOINT_REQUEST: request_id})
+        await pods.delete(doomed)
+        _event(
+            item.workload,
+            "Normal",
+            "Preempting",
+            f"gang {item.gang.request.gang} takes cards from "
+            f"{len(plan.shrink)} shrunk and {len(plan.evict)} evicted gang(s)",
+        )
+        log.info(
+            "preempting",
+            gang=item.gang.request.gang,
+            shrink=dict(plan.shrink),
+            evict=list(plan.evict),
+            checkpoint_request=request_id,
+        )
+
+    async def set_replicas(self, workload: Workload, replicas: int) -> None:
+        await k8s_status.patch_status(
+            trainingjob.PLURAL,
+            workload.namespace,
+            workload.name,
+            {"replicas": {"desired": replicas}},
+        )
+
+    async def mark_preempted(self, workload: Workload, by: Pending) -> None:
+        plural = (
+            trainingjob.PLURAL if workload.kind == trainingjob.KIND else inferenceservice.PLURAL
+        )
+        condition = _condition(
+            "Preempted",
+            True,
+            "Preempted",
+            f"evicted for {by.gang.request.gang} (priority {by.gang.request.priority})",
+            workload,
+        )
+        conditions = common.set_condition(_conditions(workload.status), condition)
+        await k8s_status.patch_status(
+            plural,
+            workload.namespace,
+            workload.name,
+            {"conditions": [common.to_wire(c) for c in conditions]},
+        )
+        _event(workload, "Warning", "Preempted", condition.message)
+
+    # ---- phase 6: reserve, then bind -----------------------------------------------------------
+
+    async def bind(self, bindings: Sequence[Binding]) -> None:
+        if not bindings:
+            return
+        started = clock.SYSTEM.monotonic()
+        bound = {p.key for b in bindings for p in b.pending.pods if p.node}
+        reservations = [
+            (
+                b.pending.workload.namespace,
+                a.pod.split("/", 1)[1],
+                a.node,
+                labels.format_cards(a.cards),
+            )
+            for b in bindings
+            for a in b.placement.assignments
+            if a.pod not in bound
+        ]
+        await pods.reserve(reservations)
+        await pods.bind([(ns, name, node) for ns, name, node, _ in reservations])
+        elapsed = clock.SYSTEM.monotonic() - started
+        for b in bindings:
+            nodes = {a.node for a in b.placement.assignments}
+            where = sorted({self.supernode_of.get(n, "?") for n in nodes})
+            _event(
+                b.pending.workload,
+                "Normal",
+                "Scheduled",
+                f"gang {b.placement.gang}: {len(b.placement.assignments)} pods bound on "
+                f"{len(nodes)} nodes of {', '.join(where)} in {elapsed:.2f} s",
+            )
+        log.info(
+            "bound gangs", gangs=len(bindings), pods=len(reservations), seconds=round(elapsed, 3)
+        )
+
+    # ---- phase 7: status -------------------------------------------------------------------------
+
+    async def report(
+        self, wanted: Mapping[str, list[gangs.Gang]], bindings: Sequence[Binding]
+    ) -> None:
+        just_bound = {a.pod: a for b in bindings for a in b.placement.assignments}
+        for workload in self.world.workloads:
+            if workload.model is None:
+                continue
+            facts = self.world.pods.get(workload.key, [])
+            plans = wanted.get(workload.key, [])
+            if isinstance(workload.model, trainingjob.TrainingJob):
+                status = training_status(
+                    workload, plans, facts, just_bound, self.memory.reasons, self.supernode_of
+                )
+                plural = trainingjob.PLURAL
+            else:
+                status = await self.inference_status(workload, plans, facts, just_bound)
+                plural = inferenceservice.PLURAL
+            if self.memory.statuses.get(workload.key) != status:
+                await k8s_status.patch_status(plural, workload.namespace, workload.name, status)
+                self.memory.statuses[workload.key] = status
+
+    async def inference_status(
+        self,
+        workload: Workload,
+        plans: list[gangs.Gang],
+        facts: list[convert.PodFacts],
+        just_bound: Mapping[model.PodKey, model.Assignment],
+    ) -> dict[str, Any]:
+        assert isinstance(workload.model, inferenceservice.InferenceService)
+        spec = workload.model.spec
+        by_name = {p.name: p for p in facts}
+        roles = []
+        for role in spec.roles:
+            role_gangs = [g for g in plans if g.role == role.name]
+            ready = sum(
+                1
+                for g in role_gangs
+                if all(by_name.get(p.name) and by_name[p.name].ready for p in g.pods)
+            )
+            roles.append(
+                inferenceservice.RoleStatus(name=role.name, replicas=len(role_gangs), ready=ready)
+            )
+        expert_map = await self.write_expert_map(workload, plans, by_name, just_bound)
+        all_pods = [p for g in plans for p in g.pods]
+        bound = [_placed(p, by_name, just_bound) for p in all_pods]
+        placed = [b for b in bound if b is not None]
+        complete = len(placed) == len(all_pods) and bool(all_pods)
+        reason = self.first_reason(plans)
+        condition = _condition(
+            "Ready",
+            complete and all(r.ready == r.replicas for r in roles),
+            "AllReplicasReady" if complete else (reason.code if reason else "Scheduling"),
+            (
+                f"{len(placed)}/{len(all_pods)} pods bound"
+                if complete or not reason
+                else reason.message
+            ),
+            workload,
+        )
+        status: dict[str, Any] = {
+            "observedGeneration": workload.generation,
+            "roles": [common.to_wire(r) for r in roles],
+            "roleSummary": inferenceservice.summarize_roles(roles),
+            "placement": _placement_summary(placed, self.supernode_of),
+            "conditions": [
+                common.to_wire(c)
+                for c in common.set_condition(_conditions(workload.status), condition)
+            ],
+        }
+        if expert_map:
+            status["expertMap"] = expert_map
+        return status
+
+    async def write_expert_map(
+        self,
+        workload: Workload,
+        plans: list[gangs.Gang],
+        by_name: Mapping[str, convert.PodFacts],
+        just_bound: Mapping[model.PodKey, model.Assignment],
+    ) -> str | None:
+        assert isinstance(workload.model, inferenceservice.InferenceService)
+        ep_roles = {r.name: r for r in workload.model.spec.roles if r.expert_parallel}
+        if not ep_roles:
+            return None
+        name = f"{workload.name}-expert-map"
+        data: dict[str, str] = {}
+        for gang in plans:
+            role = ep_roles.get(gang.role)
+            placed = [_placed(p, by_name, just_bound) for p in gang.pods]
+            if role is None or any(p is None for p in placed):
+                continue
+            cards = {
+                p.name: tuple(sorted(pl[1]))
+                for p, pl in zip(gang.pods, placed, strict=True)
+                if pl is not None
+            }
+            mapping = gangs.expert_map(role, cards, [p.name for p in gang.pods])
+            replica = gang.pods[0].replica
+            data[f"{role.name}-{replica}.json"] = json.dumps(mapping, separators=(",", ":"))
+        content = json.dumps(data, sort_keys=True)
+        if data and self.memory.expert_maps.get(f"{workload.key}") != content:
+            await configmaps.apply(workload.namespace, name, data, workload.ref)
+            self.memory.expert_maps[workload.key] = content
+        return name if data else None
+
+    def first_reason(self, plans: Iterable[gangs.Gang]) -> model.Reason | None:
+        return next(
+            (
+                self.memory.reasons[g.request.gang]
+                for g in plans
+                if g.request.gang in self.memory.reasons
+            ),
+            None,
+        )
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A gang with pods still to place (all of them, or the holes of a running gang)."""
+
+    workload: Workload
+    gang: gangs.Gang
+    pods: list[convert.PodFacts]
+
+    @property
+    def request(self) -> model.GangRequest:
+        """The whole gang; the engine keeps the cards of pods that already hold some."""
+        return self.gang.request
+
+
+@dataclass(frozen=True)
+class Binding:
+    pending: Pending
+    placement: model.Placement
+
+
+def gang_state(present: Sequence[convert.PodFacts]) -> str:
+    """bound | reserved (all chosen, binding unfinished) | partial (a reservation interrupted)
+    | holed (some pods bound, others new) | unplaced."""
+    if all(p.node for p in present):
+        return "bound"
+    if all(p.node or (p.reserved_node and p.cards) for p in present):
+        return "reserved"
+    if any(p.reserved_node and not p.node for p in present):
+        return "partial"
+    if any(p.node for p in present):
+        return "holed"
+    return "unplaced"
+
+
+def effective_replicas(workload: Workload) -> int:
+    """The replicas a TrainingJob runs now: spec.replicas, unless preemption shrank it."""
+    assert isinstance(workload.model, trainingjob.TrainingJob)
+    spec = workload.model.spec
+    shrunk = (workload.status.get("replicas") or {}).get("desired")
+    if isinstance(shrunk, int) and spec.min_replicas <= shrunk < spec.replicas:
+        return shrunk
+    return spec.replicas
+
+
+def topologies(world: World) -> list[model.SuperNodeTopology]:
+    result = []
+    for name, sn in sorted(world.supernodes.items()):
+        spec = sn.spec
+        selector = inventory.Selector.from_spec(common.to_wire(spec.node_selector))
+        groups = (
+            tuple(
+                tuple(model.CardId(c) for c in g if c < spec.cards_per_node)
+                for g in spec.card_groups
+            )
+            if spec.card_groups
+            else ()
+        )
+        slots = []
+        for node in inventory.members(selector, world.nodes):
+            cards = node.cards.get(spec.card_resource, 0)
+            foreign = world.foreign.get(node.name, {}).get(spec.card_resource, 0)
+            usable = (
+                frozenset(
+                    model.CardId(c) for c in range(cards - foreign) if c not in node.unhealthy
+                )
+                if node.ready
+                else frozenset()
+            )
+            domains = tuple(node.labels.get(k, "") for k in spec.topology_keys)
+            slots.append(model.NodeSlot(node.name, name, domains, cards, groups, usable))
+        slots.sort(key=lambda s: (s.domains, s.name))
+        result.append(
+            model.SuperNodeTopology(name, spec.card_resource, tuple(slots), spec.spares.nodes)
+        )
+    return result
+
+
+def holdings(world: World) -> list[model.Holding]:
+    priorities = {w.key: _priority(w) for w in world.workloads}
+    result = []
+    for owner, facts in world.pods.items():
+        for pod in facts:
+            if not pod.holds_cards:
+                continue
+            training = pod.kind == trainingjob.KIND
+            gang = owner if training else f"{owner}/{pod.role}/{pod.replica}"
+            result.append(
+                model.Holding(
+                    pod=model.PodKey(pod.key),
+                    gang=model.GangKey(gang),
+                    node=inventory.NodeName(pod.node or pod.reserved_node or ""),
+                    cards=frozenset(model.CardId(c) for c in pod.cards),
+                    priority=priorities.get(owner, 1 << 30),
+                    spread_group=None if training else f"{owner}/{pod.role}",
+                )
+            )
+    return result
+
+
+def training_status(
+    workload: Workload,
+    plans: list[gangs.Gang],
+    facts: list[convert.PodFacts],
+    just_bound: Mapping[model.PodKey, model.Assignment],
+    reasons: Mapping[str, model.Reason],
+    supernode_of: Mapping[str, str],
+) -> dict[str, Any]:
+    by_name = {p.name: p for p in facts}
+    all_pods = [p for g in plans for p in g.pods]
+    placed = [b for p in all_pods if (b := _placed(p, by_name, just_bound)) is not None]
+    running = sum(1 for p in all_pods if p.name in by_name and by_name[p.name].phase == "Running")
+    preempted = common.find_condition(
+        [common.Condition.model_validate(c) for c in workload.status.get("conditions") or []],
+        "Preempted",
+    )
+    complete = bool(all_pods) and len(placed) == len(all_pods)
+    if complete:
+        phase = (
+            trainingjob.Phase.RUNNING if running == len(all_pods) else (trainingjob.Phase.SCHEDULED)
+        )
+    elif preempted is not None and preempted.status == common.ConditionStatus.TRUE:
+        phase = trainingjob.Phase.SUSPENDED
+    else:
+        phase = trainingjob.Phase.PENDING
+    reason = next((reasons[g.request.gang] for g in plans if g.request.gang in reasons), None)
+    scheduled = _condition(
+        "Scheduled",
+        complete,
+        "GangBound" if complete else (reason.code if reason else "Waiting"),
+        f"{len(placed)}/{len(all_pods)} pods bound" if complete or not reason else reason.message,
+        workload,
+    )
+    conditions = common.set_condition(_conditions(workload.status), scheduled)
+    if complete and preempted is not None:
+        conditions = common.set_condition(
+            conditions,
+            _condition("Preempted", False, "Resumed", "the gang is bound again", workload),
+        )
+    return {
+        "observedGeneration": workload.generation,
+        "phase": phase.value,
+        "replicas": {
+            "desired": effective_replicas(workload),
+            "bound": len(placed),
+            "running": running,
+        },
+        "placement": _placement_summary(placed, supernode_of),
+        "conditions": [common.to_wire(c) for c in conditions],
+    }
+
+
+def _placed(
+    plan: gangs.PodPlan,
+    by_name: Mapping[str, convert.PodFacts],
+    just_bound: Mapping[model.PodKey, model.Assignment],
+) -> tuple[str, frozenset[int]] | None:
+    """(node, cards) of a pod that is bound, or being bound in this cycle."""
+    if plan.key in just_bound:
+        a = just_bound[plan.key]
+        return a.node, frozenset(a.cards)
+    facts = by_name.get(plan.name)
+    if facts and facts.node and facts.cards:
+        return facts.node, facts.cards
+    return None
+
+
+def _placement_summary(
+    placed: Sequence[tuple[str, frozenset[int]]], supernode_of: Mapping[str, str]
+) -> dict[str, Any]:
+    nodes = sorted({node for node, _ in placed})
+    supernodes = sorted({supernode_of[n] for n in nodes if n in supernode_of})
+    return common.to_wire(
+        common.PlacementStatus(
+            super_node=supernodes[0] if supernodes else None,
+            super_nodes=supernodes,
+            nodes=nodes,
+            cards=sum(len(c) for _, c in placed),
+        )
+    )
+
+
+def _priority(workload: Workload) -> int:
+    return workload.model.spec.priority if workload.model else 0
+
+
+def _conditions(status: Mapping[str, Any]) -> list[common.Condition]:
+    return [common.Condition.model_validate(c) for c in status.get("conditions") or []]
+
+
+def _condition(
+    type_: str, ok: bool, reason: str, message: str, workload: Workload
+) -> common.Condition:
+    return common.Condition(
+        type=type_,
+        status=common.ConditionStatus.TRUE if ok else common.ConditionStatus.FALSE,
+        reason=reason,
+        message=message,
+        last_transition_time=clock.SYSTEM.now(),
+        observed_generation=workload.generation,
+    )
+
+
+def _event(workload: Workload, kind: str, reason: str, message: str) -> None:
+    kopf.event(cast(kopf.Body, workload.ref), type=kind, reason=reason, message=message)

@@ -1,0 +1,95 @@
+"""kopf indexes of the workloads (TrainingJobs, InferenceServices) and of their pods.
+
+The scheduler cycle (:mod:`matrixpool.handlers.scheduler`) reads them; nothing here writes to
+the API. kopf fills every index from a full listing before any daemon starts, so a restarted
+operator sees the same world the killed one saw.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+import pydantic
+
+from matrixpool import api
+from matrixpool.api import common, inferenceservice, trainingjob
+from matrixpool.k8s import convert
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A TrainingJob or InferenceService as the scheduler needs it."""
+
+    kind: str
+    namespace: str
+    name: str
+    uid: str
+    created: str  # metadata.creationTimestamp, for first-come order among equal priorities
+    generation: int | None
+    model: trainingjob.TrainingJob | inferenceservice.InferenceService | None
+    error: str | None  # why the body did not parse (the CRD should make this impossible)
+    status: Mapping[str, Any]
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def ref(self) -> dict[str, Any]:
+        """Enough of the object for kopf.event() and ownerReferences."""
+        return {
+            "apiVersion": api.API_VERSION,
+            "kind": self.kind,
+            "name": self.name,
+            "uid": self.uid,
+            "metadata": {"name": self.name, "namespace": self.namespace, "uid": self.uid},
+        }
+
+
+def _workload(kind: str, body: kopf.Body, parse: Any) -> dict[str, Workload]:
+    meta = body.get("metadata") or {}
+    plain = common.plain(body)
+    try:
+        model, error = parse(plain), None
+    except pydantic.ValidationError as failure:
+        model, error = None, str(failure)
+    workload = Workload(
+        kind=kind,
+        namespace=meta.get("namespace", ""),
+        name=meta.get("name", ""),
+        uid=meta.get("uid", ""),
+        created=meta.get("creationTimestamp", ""),
+        generation=meta.get("generation"),
+        model=model,
+        error=error,
+        status=plain.get("status") or {},
+    )
+    return {workload.key: workload}
+
+
+@kopf.index(api.GROUP, api.VERSION, trainingjob.PLURAL)
+def training_jobs(body: kopf.Body, **_: Any) -> dict[str, Workload]:
+    return _workload(trainingjob.KIND, body, trainingjob.parse)
+
+
+@kopf.index(api.GROUP, api.VERSION, inferenceservice.PLURAL)
+def inference_services(body: kopf.Body, **_: Any) -> dict[str, Workload]:
+    return _workload(inferenceservice.KIND, body, inferenceservice.parse)
+
+
+@kopf.index("", "v1", "pods", labels={"matrixpool.dev/job": kopf.PRESENT})
+def gang_pods(
+    name: str,
+    namespace: str | None,
+    labels: Mapping[str, str],
+    annotations: Mapping[str, str],
+    spec: Mapping[str, Any],
+    status: Mapping[str, Any],
+    meta: Mapping[str, Any],
+    **_: Any,
+) -> dict[str, convert.PodFacts] | None:
+    facts = convert.pod_facts(name, namespace or "", labels, annotations, spec, status, meta)
+    return {f"{namespace}/{facts.owner}": facts} if facts else None

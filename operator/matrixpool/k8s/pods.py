@@ -1,0 +1,222 @@
+"""Pods of matrixpool gangs: their manifests, and the API calls that create, reserve, bind,
+annotate and delete them — concurrently, with retries on conflicts and transient errors.
+
+Called by the scheduler cycle (``matrixpool.handlers.scheduler``). Binding is two-phase so that
+an operator killed at any moment never gives a card twice: first every pod of the gang is
+*reserved* (annotations ``matrixpool.dev/node`` and ``matrixpool.dev/cards``), then each is
+bound through the Binding API. A restarted operator treats reserved cards as held and either
+finishes binding a fully reserved gang or clears a partial reservation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import tenacity
+
+from matrixpool.api import labels
+from matrixpool.k8s import client as k8s_client
+from matrixpool.k8s import convert
+from matrixpool.placement import gangs
+
+NODE_ANNOTATION = convert.NODE_ANNOTATION
+CONCURRENCY = 32  # API calls in flight at once for one batch
+# Test knob: seconds between single bindings (default 0: all at once). Chaos tests slow binding
+# down with it so that they can kill the operator while a gang is half bound.
+PACE_VARIABLE = "MATRIXPOOL_BIND_PACE_SECONDS"
+T = TypeVar("T")
+
+
+def _transient(error: BaseException) -> bool:
+    return k8s_client.is_status(error, 409, 429, 500, 502, 503, 504) or isinstance(
+        error, ConnectionError | TimeoutError
+    )
+
+
+retry = tenacity.retry(
+    retry=tenacity.retry_if_exception(_transient),
+    wait=tenacity.wait_exponential_jitter(initial=0.05, max=3),
+    stop=tenacity.stop_after_attempt(8),
+    reraise=True,
+)
+
+
+def manifest(
+    plan: gangs.PodPlan, template: Mapping[str, Any], owner: Mapping[str, Any], card_resource: str
+) -> dict[str, Any]:
+    """The Pod of ``plan``: the user's template plus cards, env, labels and the owner."""
+    pod: dict[str, Any] = copy.deepcopy(dict(template or {}))
+    meta = pod.setdefault("metadata", {})
+    meta.pop("name", None)
+    meta.pop("namespace", None)
+    meta.update(name=plan.name, namespace=plan.namespace)
+    meta.setdefault("labels", {}).update(
+        {
+            labels.JOB: plan.owner,
+            labels.KIND: plan.kind,
+            labels.ROLE: plan.role,
+            labels.REPLICA: str(plan.replica),
+            labels.RANK: str(plan.rank),
+        }
+    )
+    meta["ownerReferences"] = [
+        {
+            "apiVersion": owner["apiVersion"],
+            "kind": owner["kind"],
+            "name": owner["name"],
+            "uid": owner["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    spec = pod.setdefault("spec", {})
+    spec["schedulerName"] = labels.SCHEDULER_NAME
+    spec.pop("nodeName", None)
+    containers = spec.setdefault("containers", [])
+    if not containers:
+        containers.append({"name": plan.role, "image": "matrixpool/workload:placeholder"})
+    _give_cards(containers[0], plan.cards, card_resource)
+    return {"apiVersion": "v1", "kind": "Pod", **pod}
+
+
+def _give_cards(container: dict[str, Any], cards: int, card_resource: str) -> None:
+    resources = container.setdefault("resources", {})
+    for section in ("requests", "limits"):
+        resources.setdefault(section, {})[card_resource] = str(cards)
+    from_annotation = {"fieldRef": {"fieldPath": f"metadata.annotations['{labels.CARDS}']"}}
+    names = [labels.ENV_CARDS]
+    if card_resource.startswith("huawei.com/"):
+        names.append(labels.ENV_ASCEND_VISIBLE_DEVICES)
+    if card_resource.startswith("nvidia.com/"):
+        names.append(labels.ENV_NVIDIA_VISIBLE_DEVICES)
+    env = [e for e in container.get("env", []) if e.get("name") not in names]
+    container["env"] = env + [{"name": n, "valueFrom": from_annotation} for n in names]
+
+
+async def gather_limited(calls: Iterable[Callable[[], T]]) -> list[T]:
+    """Run blocking API ``calls`` in threads, at most CONCURRENCY at once, in order."""
+    semaphore = asyncio.Semaphore(CONCURRENCY)
+
+    async def one(call: Callable[[], T]) -> T:
+        async with semaphore:
+            return await asyncio.to_thread(call)
+
+    tasks: list[Awaitable[T]] = [one(c) for c in calls]
+    return list(await asyncio.gather(*tasks))
+
+
+async def create(pods: Sequence[Mapping[str, Any]]) -> None:
+    """Create ``pods``; ones that already exist are fine."""
+    api = k8s_client.default_api()
+
+    def call(body: Mapping[str, Any]) -> Callable[[], None]:
+        @retry
+        def create_one() -> None:
+            try:
+                api.core.create_namespaced_pod(body["metadata"]["namespace"], dict(body))
+            except Exception as error:
+                if not k8s_client.is_status(error, 409):
+                    raise
+
+        return create_one
+
+    await gather_limited(call(p) for p in pods)
+
+
+async def reserve(reservations: Sequence[tuple[str, str, str, str]]) -> None:
+    """Annotate each ``(namespace, pod, node, cards)`` with its node and cards."""
+    api = k8s_client.default_api()
+
+    def call(namespace: str, name: str, node: str, cards: str) -> Callable[[], None]:
+        body = {"metadata": {"annotations": {NODE_ANNOTATION: node, labels.CARDS: cards}}}
+        return retry(lambda: api.core.patch_namespaced_pod(name, namespace, body))
+
+    await gather_limited(call(*r) for r in reservations)
+
+
+async def unreserve(pods: Sequence[tuple[str, str]]) -> None:
+    """Clear the reservation of unbound ``(namespace, pod)`` pods."""
+    api = k8s_client.default_api()
+    body = {"metadata": {"annotations": {NODE_ANNOTATION: None, labels.CARDS: None}}}
+
+    def call(namespace: str, name: str) -> Callable[[], None]:
+        return retry(
+            lambda: _ignore_missing(lambda: api.core.patch_namespaced_pod(name, namespace, body))
+        )
+
+    await gather_limited(call(*p) for p in pods)
+
+
+async def bind(bindings: Sequence[tuple[str, str, str]]) -> None:
+    """Bind each ``(namespace, pod, node)`` through the Binding API."""
+    api = k8s_client.default_api()
+
+    def call(namespace: str, name: str, node: str) -> Callable[[], None]:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+
+        @retry
+        def bind_one() -> None:
+            try:
+                # The client cannot decode the Status that binding returns: take it raw.
+                api.core.create_namespaced_pod_binding(
+                    name, namespace, body, _preload_content=False
+                )
+            except Exception as error:
+                if not k8s_client.is_status(error, 409):  # already bound: done before a crash
+                    raise
+
+        return bind_one
+
+    pace = float(os.environ.get(PACE_VARIABLE) or 0)
+    if pace <= 0:
+        await gather_limited(call(*b) for b in bindings)
+        return
+    for binding in bindings:  # one at a time, for chaos tests that kill the operator midway
+        await asyncio.to_thread(call(*binding))
+        await asyncio.sleep(pace)
+
+
+async def annotate(pods: Sequence[tuple[str, str]], annotations: Mapping[str, str | None]) -> None:
+    """Merge ``annotations`` into each ``(namespace, pod)``."""
+    api = k8s_client.default_api()
+    body = {"metadata": {"annotations": dict(annotations)}}
+
+    def call(namespace: str, name: str) -> Callable[[], None]:
+        return retry(
+            lambda: _ignore_missing(lambda: api.core.patch_namespaced_pod(name, namespace, body))
+        )
+
+    await gather_limited(call(*p) for p in pods)
+
+
+async def delete(pods: Sequence[tuple[str, str]], grace_seconds: int | None = None) -> None:
+    """Delete each ``(namespace, pod)``; missing pods are fine."""
+    api = k8s_client.default_api()
+
+    def call(namespace: str, name: str) -> Callable[[], None]:
+        return retry(
+            lambda: _ignore_missing(
+                lambda: api.core.delete_namespaced_pod(
+                    name, namespace, grace_period_seconds=grace_seconds
+                )
+            )
+        )
+
+    await gather_limited(call(*p) for p in pods)
+
+
+def _ignore_missing(call: Callable[[], object]) -> None:
+    try:
+        call()
+    except Exception as error:
+        if not k8s_client.is_status(error, 404):
+            raise
