@@ -22,6 +22,7 @@ Errors (``errors``)::
     ├── DaemonUnreachableError    refused, reset or timed out: a lost node
     ├── IntegrityError            checksum, size or format mismatch: corrupt or partial copy
     ├── NoCheckpointError         no step committed for every rank, or no valid copy left
+    ├── PolicyInputError          (policy) a fault or job view that contradicts itself
     └── TierWriteError            a save failed on some tiers while the others carry on
 """
 
