@@ -56,6 +56,17 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz",
     )
+    run.add_argument(
+        "--clock-start",
+        metavar="ISO",
+        help="time of day starts at this instant (tests, demos); also MATRIXPOOL_CLOCK_START",
+    )
+    run.add_argument(
+        "--clock-speed",
+        metavar="N",
+        type=float,
+        help="the time of day runs N times faster; also MATRIXPOOL_CLOCK_SPEED",
+    )
     run.set_defaults(handler=_run)
 
     cluster = commands.add_parser("cluster", help="the local control plane").add_subparsers(
@@ -100,8 +111,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from matrixpool import runner
+    from matrixpool import clock, runner
 
+    if args.clock_start:
+        os.environ[clock.START_ENV] = args.clock_start
+    if args.clock_speed:
+        os.environ[clock.SPEED_ENV] = str(args.clock_speed)
+    clock.operator()  # fail now, with the setting's name, if a value is bad
     runner.run(peering=args.peering, namespaces=args.namespace, liveness=args.liveness)
     return 0
 

@@ -158,3 +158,15 @@ def _checked_speed(speed: float, setting: str) -> float:
     if not (math.isfinite(speed) and speed > 0):
         raise ClockSettingError(f"{setting}={speed!r} must be a finite number above 0")
     return float(speed)
+
+
+_OPERATOR: Clock | None = None
+
+
+def operator() -> Clock:
+    """The clock of this operator process: from MATRIXPOOL_CLOCK_START/SPEED on first use
+    (``matrixpool run --clock-start/--clock-speed`` set them), else the system clock."""
+    global _OPERATOR
+    if _OPERATOR is None:
+        _OPERATOR = from_env()
+    return _OPERATOR

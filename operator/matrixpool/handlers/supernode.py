@@ -8,6 +8,7 @@ starts, an operator killed at any moment converges to the same status when it co
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
@@ -22,6 +23,7 @@ from matrixpool.handlers import scheduler
 from matrixpool.k8s import convert
 from matrixpool.k8s import status as k8s_status
 from matrixpool.placement import inventory
+from matrixpool.timeshare import windows
 
 GROUP, VERSION, PLURAL = api.GROUP, api.VERSION, supernode.PLURAL
 
@@ -118,6 +120,7 @@ def desired_status(name: str, sn: supernode.SuperNode, facts: Facts) -> dict[str
     summary = inventory.summarize(members, spec.card_resource, allocated, spec.spares.nodes)
     ready, reason, message = _readiness(name, members, summary, facts)
     generation = sn.metadata.generation
+    window, next_transition = _window(sn, clock.operator())
     condition = common.Condition(
         type="Ready",
         status=common.ConditionStatus.TRUE if ready else common.ConditionStatus.FALSE,
@@ -138,10 +141,24 @@ def desired_status(name: str, sn: supernode.SuperNode, facts: Facts) -> dict[str
                 spare=summary.cards_spare,
             ),
             "spare_nodes": list(summary.spare_nodes),
+            "window": window,
+            "next_transition": next_transition,
             "conditions": common.set_condition(sn.status.conditions, condition),
         }
     )
     return common.to_wire(status)
+
+
+def _window(
+    sn: supernode.SuperNode, now: clock.Clock
+) -> tuple[str | None, datetime.datetime | None]:
+    """The time window in force and when the next one starts (None without time-sharing)."""
+    sharing = sn.spec.time_sharing
+    if sharing is None:
+        return None, None
+    instant = now.now()
+    upcoming = windows.next_boundary(sharing, instant)
+    return windows.window_at(sharing, instant).name, upcoming.at if upcoming else None
 
 
 def _readiness(
