@@ -262,3 +262,84 @@ def test_operator_killed_in_the_middle_of_binding_a_gang_finishes_it_without_dou
     finally:
         operator.kill()
         print(operator.log()[-20000:])
+
+
+@pytest.mark.parametrize(
+    ("job", "reason"),
+    [
+        pytest.param(
+            manifests.training_job("lost").replicas(2).on("sn-9"),
+            "UnknownSuperNode",
+            id="a job naming an unknown supernode waits with UnknownSuperNode",
+        ),
+        pytest.param(
+            manifests.training_job("odd").replicas(2).cards(12).on("sn-0"),
+            "NodeTooSmall",
+            id="12 cards per replica on 8-card nodes can never be served",
+        ),
+    ],
+)
+def test_a_spec_that_can_never_be_served_stays_pending_with_a_reason_and_an_event(
+    cluster: framework.TestCluster,
+    operator: framework.Operator,
+    namespace: str,
+    two_supernodes: list[str],
+    job: manifests.TrainingJobManifest,
+    reason: str,
+) -> None:
+    name = job.body["metadata"]["name"]
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=job.yaml())
+
+    def flagged() -> dict[str, Any] | None:
+        body = get(cluster, "trainingjob", name, namespace)
+        return body if condition(body, "Scheduled").get("reason") == reason else None
+
+    body = framework.eventually(flagged, timeout=30, what=f"{name} flagged {reason}")
+    assert body["status"]["phase"] == "Pending"
+    assert condition(body, "Scheduled")["status"] == "False"
+    assert "spec." in condition(body, "Scheduled")["message"]
+    framework.eventually(
+        lambda: json.loads(
+            cluster.kubectl(
+                "get",
+                "events",
+                "-n",
+                namespace,
+                "--field-selector",
+                f"involvedObject.name={name},reason={reason}",
+                "-o",
+                "json",
+            ).stdout
+        )["items"],
+        timeout=15,
+        what=f"{reason} Event",
+    )
+    assert operator.process is not None
+    assert operator.process.poll() is None  # the operator did not crash
+
+
+def test_deleting_a_job_removes_its_pods_and_frees_its_cards(
+    cluster: framework.TestCluster,
+    operator: framework.Operator,
+    namespace: str,
+    two_supernodes: list[str],
+) -> None:
+    job = manifests.training_job("short").replicas(4).cards(8).on("sn-0")
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=job.yaml())
+    wait_job(cluster, namespace, "short", bound=4)
+    cluster.kubectl("delete", "trainingjob", "short", "-n", namespace)
+    framework.eventually(
+        lambda: not gang_pods(cluster, namespace),
+        timeout=60,
+        what="the job's pods garbage-collected",
+    )
+    framework.eventually(
+        lambda: (
+            (get(cluster, "supernode", "sn-0").get("status") or {})
+            .get("cards", {})
+            .get("allocated")
+            == 0
+        ),
+        timeout=20,
+        what="sn-0 cards freed",
+    )
