@@ -57,6 +57,13 @@ def _parser() -> argparse.ArgumentParser:
         help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz",
     )
     run.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        default=int(os.environ.get("MATRIXPOOL_METRICS_PORT") or 9090),
+        help="serve Prometheus metrics on PORT (0: off; default 9090 or MATRIXPOOL_METRICS_PORT)",
+    )
+    run.add_argument(
         "--clock-start",
         metavar="ISO",
         help="time of day starts at this instant (tests, demos); also MATRIXPOOL_CLOCK_START",
@@ -118,7 +125,12 @@ def _run(args: argparse.Namespace) -> int:
     if args.clock_speed:
         os.environ[clock.SPEED_ENV] = str(args.clock_speed)
     clock.operator()  # fail now, with the setting's name, if a value is bad
-    runner.run(peering=args.peering, namespaces=args.namespace, liveness=args.liveness)
+    runner.run(
+        peering=args.peering,
+        namespaces=args.namespace,
+        liveness=args.liveness,
+        metrics_port=args.metrics_port,
+    )
     return 0
 
 

@@ -14,14 +14,20 @@ from typing import Any
 
 import kopf
 
-from matrixpool import logs
+from matrixpool import logs, metrics
 
 
 def run(
-    *, peering: str | None = None, namespaces: Sequence[str] = (), liveness: str | None = None
+    *,
+    peering: str | None = None,
+    namespaces: Sequence[str] = (),
+    liveness: str | None = None,
+    metrics_port: int = 0,
 ) -> None:
     logs.configure()
     from matrixpool.handlers import loop  # noqa: F401 -- registers every handler
+
+    metrics.serve(metrics_port)
 
     kopf.on.startup()(_configure)
     kopf.run(

@@ -124,8 +124,15 @@ class Operator:
     env: dict[str, str] = field(default_factory=dict)  # extra environment, e.g. test knobs
     process: subprocess.Popen[bytes] | None = field(default=None)
 
+    metrics_port: int = field(default_factory=lambda: cluster.free_ports(1)[0])
+
     def start(self) -> Operator:
-        env = {**self.cluster.env(), "MATRIXPOOL_LOG_FORMAT": "json", **self.env}
+        env = {
+            **self.cluster.env(),
+            "MATRIXPOOL_LOG_FORMAT": "json",
+            "MATRIXPOOL_METRICS_PORT": str(self.metrics_port),
+            **self.env,
+        }
         log = open(self.log_path, "ab")  # noqa: SIM115 -- owned by the child for its life
         self.process = subprocess.Popen(
             [sys.executable, "-m", "matrixpool.cli", "run"],

@@ -5,9 +5,11 @@ SIGKILL comes back to the same status."""
 from __future__ import annotations
 
 import json
+import urllib.request
 from typing import Any
 
 import pytest
+from prometheus_client import parser
 
 from tests.integration import framework
 
@@ -145,3 +147,38 @@ def test_operator_killed_with_sigkill_converges_to_the_same_status(
     operator.start()
     again = wait_for_cards(cluster, HEALTHY, nodes_ready=48, timeout=30)
     assert again["cards"] == before["cards"]
+
+
+def test_metrics_endpoint_is_scraped_and_parsed_with_prometheus_conventions(
+    cluster: framework.TestCluster, operator: framework.Operator, sn0: str
+) -> None:
+    wait_for_cards(cluster, HEALTHY, nodes_ready=48, timeout=30)
+    url = f"http://127.0.0.1:{operator.metrics_port}/metrics"
+
+    def samples() -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                text = response.read().decode()
+        except OSError:
+            return None
+        found = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in parser.text_string_to_metric_families(text)
+            for s in family.samples
+        }
+        key = ("matrixpool_supernode_cards", (("state", "total"), ("supernode", SN)))
+        return found if found.get(key) == 384 else None
+
+    found = framework.eventually(samples, timeout=20, what="metrics with sn-0's 384 cards")
+    ours = {name for name, _ in found if name.startswith("matrixpool_")}
+    assert {
+        "matrixpool_supernode_cards",
+        "matrixpool_pending_gangs",
+        "matrixpool_bound_pods_total",
+        "matrixpool_cycle_seconds_count",
+    } <= ours
+    assert found[("matrixpool_supernode_cards", (("state", "spare"), ("supernode", SN)))] == 8
+    assert found[("matrixpool_supernode_nodes", (("state", "ready"), ("supernode", SN)))] == 48
+    for name in ours:  # base units and suffixes as Prometheus asks
+        assert name == name.lower()
+        assert not name.endswith("_ms")

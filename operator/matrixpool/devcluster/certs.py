@@ -36,24 +36,25 @@ class PKI:
     sa_pub: Path  # its public half, given to the API server for verification
 
 
+def paths(folder: Path) -> PKI:
+    """Where the PKI of ``folder`` lives (the files may not exist yet)."""
+    names = (
+        "ca.crt",
+        "ca.key",
+        "apiserver.crt",
+        "apiserver.key",
+        "admin.crt",
+        "admin.key",
+        "sa.key",
+        "sa.pub",
+    )
+    return PKI(*(folder / name for name in names))
+
+
 def ensure(folder: Path) -> PKI:
     """Write the PKI into ``folder`` unless it is already complete; return the paths."""
     folder.mkdir(parents=True, exist_ok=True)
-    pki = PKI(
-        *(
-            folder / name
-            for name in (
-                "ca.crt",
-                "ca.key",
-                "apiserver.crt",
-                "apiserver.key",
-                "admin.crt",
-                "admin.key",
-                "sa.key",
-                "sa.pub",
-            )
-        )
-    )
+    pki = paths(folder)
     if all(p.exists() for p in vars(pki).values()):
         return pki
     # The validity window starts a day early so clock skew never makes a cert "not yet valid".

@@ -338,21 +338,7 @@ class Cluster:
         return self.folder / "logs" / f"{name}.log"
 
     def _api_ready(self, ports: Ports) -> bool:
-        pki = certs.PKI(
-            *(
-                self.folder / "pki" / name
-                for name in (
-                    "ca.crt",
-                    "ca.key",
-                    "apiserver.crt",
-                    "apiserver.key",
-                    "admin.crt",
-                    "admin.key",
-                    "sa.key",
-                    "sa.pub",
-                )
-            )
-        )
+        pki = certs.paths(self.folder / "pki")
         if not pki.admin_cert.exists():
             return False
         return _http_ok(f"https://127.0.0.1:{ports.apiserver}/readyz", pki)

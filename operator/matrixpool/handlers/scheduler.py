@@ -24,7 +24,7 @@ from typing import Any, cast
 import kopf
 import structlog
 
-from matrixpool import clock
+from matrixpool import clock, metrics
 from matrixpool.api import common, inferenceservice, labels, supernode, trainingjob
 from matrixpool.handlers.workloads import Workload
 from matrixpool.k8s import configmaps, convert, pods
@@ -63,7 +63,8 @@ async def run_cycle(world_reader: Any) -> None:
     """Run one cycle; ``world_reader()`` → World. Serialized by a lock, as a safety net."""
     async with MEMORY.lock:
         MEMORY.last_run = clock.SYSTEM.monotonic()
-        await Cycle(world_reader(), MEMORY).run()
+        with metrics.CYCLE_SECONDS.time():
+            await Cycle(world_reader(), MEMORY).run()
 
 
 class Cycle:
@@ -83,6 +84,7 @@ class Cycle:
         await self.reconcile_pods(wanted)  # phase 3
         pending = await self.finish_half_bound(wanted)  # phase 4
         bindings = await self.place(pending)  # phase 5
+        metrics.PENDING_GANGS.set(len(pending) - len(bindings))
         await self.bind(bindings)  # phase 6
         await self.report(wanted, bindings)  # phase 7
 
@@ -245,6 +247,8 @@ class Cycle:
             doomed += [(p.namespace, p.name) for p in gang.pods]
             self.memory.statuses.pop(workload.key, None)
             await self.mark_preempted(workload, item)
+        metrics.PREEMPTIONS.labels("shrink").inc(len(plan.shrink))
+        metrics.PREEMPTIONS.labels("evict").inc(len(plan.evict))
         await pods.annotate(doomed, {labels.CHECKPOINT_REQUEST: request_id})
         await pods.delete(doomed)
         _event(
@@ -311,6 +315,8 @@ class Cycle:
         await pods.reserve(reservations)
         await pods.bind([(ns, name, node) for ns, name, node, _ in reservations])
         elapsed = clock.SYSTEM.monotonic() - started
+        metrics.BIND_SECONDS.observe(elapsed)
+        metrics.BOUND_PODS.inc(len(reservations))
         for b in bindings:
             nodes = {a.node for a in b.placement.assignments}
             where = sorted({self.supernode_of.get(n, "?") for n in nodes})

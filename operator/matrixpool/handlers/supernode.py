@@ -17,7 +17,7 @@ import kopf
 import pydantic
 import structlog
 
-from matrixpool import api, clock
+from matrixpool import api, clock, metrics
 from matrixpool.api import common, supernode
 from matrixpool.handlers import scheduler
 from matrixpool.k8s import convert
@@ -67,6 +67,7 @@ async def report(world: scheduler.World, last: dict[str, dict[str, Any]]) -> Non
     for name, sn in sorted(world.supernodes.items()):
         current = common.to_wire(sn.status)
         desired = desired_status(name, sn, facts)
+        metrics.record_supernode(name, desired)
         if desired == last.get(name) or not _differs(desired, current):
             continue
         await k8s_status.patch_cluster_status(PLURAL, name, desired)

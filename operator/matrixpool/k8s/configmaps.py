@@ -21,16 +21,7 @@ async def apply(
         "metadata": {
             "name": name,
             "namespace": namespace,
-            "ownerReferences": [
-                {
-                    "apiVersion": owner["apiVersion"],
-                    "kind": owner["kind"],
-                    "name": owner["name"],
-                    "uid": owner["uid"],
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
+            "ownerReferences": [pods.owner_reference(owner)],
         },
         "data": dict(data),
     }

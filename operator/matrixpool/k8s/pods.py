@@ -63,16 +63,7 @@ def manifest(
             labels.RANK: str(plan.rank),
         }
     )
-    meta["ownerReferences"] = [
-        {
-            "apiVersion": owner["apiVersion"],
-            "kind": owner["kind"],
-            "name": owner["name"],
-            "uid": owner["uid"],
-            "controller": True,
-            "blockOwnerDeletion": True,
-        }
-    ]
+    meta["ownerReferences"] = [owner_reference(owner)]
     spec = pod.setdefault("spec", {})
     spec["schedulerName"] = labels.SCHEDULER_NAME
     spec.pop("nodeName", None)
@@ -81,6 +72,19 @@ def manifest(
         containers.append({"name": plan.role, "image": "matrixpool/workload:placeholder"})
     _give_cards(containers[0], plan.cards, card_resource)
     return {"apiVersion": "v1", "kind": "Pod", **pod}
+
+
+def owner_reference(owner: Mapping[str, Any]) -> dict[str, Any]:
+    """The controller ownerReference to ``owner`` (apiVersion, kind, name, uid): deleting the
+    owner garbage-collects what carries it."""
+    return {
+        "apiVersion": owner["apiVersion"],
+        "kind": owner["kind"],
+        "name": owner["name"],
+        "uid": owner["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
 def _give_cards(container: dict[str, Any], cards: int, card_resource: str) -> None:

@@ -1,0 +1,60 @@
+"""The operator's Prometheus metrics and their HTTP endpoint (``/metrics``).
+
+Updated by the main loop (:mod:`matrixpool.handlers.loop`) and the scheduling cycle; served by
+:func:`serve`, which ``matrixpool run`` calls. Names follow Prometheus conventions: a
+``matrixpool_`` prefix, base units (seconds), ``_total`` on counters.
+"""
+
+from __future__ import annotations
+
+import structlog
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+log = structlog.get_logger(__name__)
+
+SUPERNODE_CARDS = Gauge(
+    "matrixpool_supernode_cards", "Cards of a supernode by state.", ["supernode", "state"]
+)
+SUPERNODE_NODES = Gauge(
+    "matrixpool_supernode_nodes",
+    "Member nodes of a supernode, all and Ready.",
+    ["supernode", "state"],
+)
+PENDING_GANGS = Gauge("matrixpool_pending_gangs", "Gangs waiting for cards after the last cycle.")
+BOUND_PODS = Counter("matrixpool_bound_pods_total", "Pods bound to cards by matrixpool.")
+PREEMPTIONS = Counter(
+    "matrixpool_preemptions_total",
+    "Preemptions carried out, by what they did to the victims.",
+    ["action"],
+)
+BIND_SECONDS = Histogram(
+    "matrixpool_gang_bind_seconds",
+    "Seconds to reserve and bind the gangs placed in one cycle.",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+)
+CYCLE_SECONDS = Histogram(
+    "matrixpool_cycle_seconds",
+    "Seconds one scheduling cycle took.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+
+
+def serve(port: int) -> None:
+    """Serve /metrics on ``port`` (0: not at all); a port in use is logged, not fatal."""
+    if port <= 0:
+        return
+    try:
+        start_http_server(port)
+    except OSError as error:
+        log.warning("metrics endpoint not started", port=port, error=str(error))
+        return
+    log.info("metrics endpoint started", port=port)
+
+
+def record_supernode(name: str, status: dict[str, object]) -> None:
+    """Mirror a SuperNode status (wire form) into the gauges."""
+    for state, value in dict(status.get("cards") or {}).items():  # type: ignore[call-overload]
+        SUPERNODE_CARDS.labels(name, state).set(float(value))
+    nodes = dict(status.get("nodes") or {})  # type: ignore[call-overload]
+    for state in ("total", "ready"):
+        SUPERNODE_NODES.labels(name, state).set(float(nodes.get(state, 0)))
