@@ -6,9 +6,11 @@ about (the operator picks peers on nodes in another rack), serves shards to rest
 trainers and to peers, and reports its inventory. Started by the chart's DaemonSet, by the
 multi-process tests and by the benchmarks.
 
-HTTP API (JSON unless noted; every call but healthz needs ``Authorization: Bearer TOKEN``)::
+HTTP API (JSON unless noted; every call but healthz and metrics needs
+``Authorization: Bearer TOKEN``)::
 
     GET    /v1/healthz                                  liveness, no token
+    GET    /metrics                                     Prometheus text (``metrics``), no token
     GET    /v1/info                                     node, memory directory, peers, usage
     GET    /v1/inventory[?job=J]                        shards held: job rank step tier size
                                                         checksum (tiers 1 and 2)
@@ -48,7 +50,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from matrixpool_recovery import checksum, errors, files, manifest, memory, names, wire
+from matrixpool_recovery import checksum, errors, files, manifest, memory, metrics, names, wire
 from matrixpool_recovery.spec import LOCAL, MEMORY, PEERS, PERSISTENT, TIERS
 
 log = logging.getLogger("matrixpool_recovery.daemon")
@@ -140,6 +142,7 @@ class Daemon:
         self._lock = threading.Lock()
         manifest.write_atomic(mem.root / "probe", self.nonce.encode())
         (mem.root / "probe").chmod(memory.SHARED_MODE)
+        metrics.watch_memory(mem.used, mem.limit)
 
     def authorized(self, header: str | None) -> None:
         if not header:
@@ -167,9 +170,19 @@ class Daemon:
     # --- saves ---
 
     def stored(
-        self, job: str, rank: int, step: int, record: manifest.ShardRecord, options: SaveOptions
+        self,
+        job: str,
+        rank: int,
+        step: int,
+        record: manifest.ShardRecord,
+        options: SaveOptions,
+        started: float | None = None,
     ) -> dict[str, Any]:
-        """A written buffer becomes a tier-1 shard (or transit); the other tiers start."""
+        """A written buffer becomes a tier-1 shard (or transit); the other tiers start.
+
+        `started`: when the upload began (perf_counter), for the tier-1 save latency.
+        """
+        started = time.perf_counter() if started is None else started
         self.memory.protect(job, options.committed)
         hold = MEMORY in options.tiers
         try:
@@ -188,6 +201,7 @@ class Daemon:
                 self._statuses.popitem(last=False)
         if hold:
             status.set(MEMORY, {"state": "ok", "node": self.node})
+            metrics.observe(MEMORY, metrics.SAVE, record.size, time.perf_counter() - started)
         self._start(record.buffer, tasks, status, hold)
         return {"node": self.node, "tiers": list(status.results)}
 
@@ -205,7 +219,7 @@ class Daemon:
             tasks[PEERS] = lambda p: self._replicate(job, rank, step, record, options, p)
         if LOCAL in options.tiers:
             tasks[LOCAL] = lambda p: self._timed(
-                lambda: self.disk.store(p, record, job, step, options.world_size)
+                record.size, lambda: self.disk.store(p, record, job, step, options.world_size)
             )
         if PERSISTENT in options.tiers:
             tasks[PERSISTENT] = lambda p: self._persist(job, step, record, options, p)
@@ -228,6 +242,7 @@ class Daemon:
                 status.set(tier, task(paths[tier]))
             except Exception as err:  # every failure is reported to the trainer
                 log.warning("%s tier of %s failed: %s", tier, buffer_id, err)
+                metrics.failed(tier, metrics.REPLICATE if tier == PEERS else metrics.SAVE)
                 status.set(tier, {"state": "error", "error": _describe(tier, err)})
             finally:
                 self.memory.unbusy(buffer_id)
@@ -241,10 +256,13 @@ class Daemon:
             self.pool.submit(run, tier, task)
 
     @staticmethod
-    def _timed(action: Callable[[], object]) -> dict[str, Any]:
+    def _timed(size: int, action: Callable[[], object]) -> dict[str, Any]:
+        """A tier-2 save."""
         started = time.perf_counter()
         action()
-        return {"state": "ok", "seconds": time.perf_counter() - started}
+        seconds = time.perf_counter() - started
+        metrics.observe(LOCAL, metrics.SAVE, size, seconds)
+        return {"state": "ok", "seconds": seconds}
 
     def _persist(
         self, job: str, step: int, record: manifest.ShardRecord, options: SaveOptions, path: Path
@@ -259,7 +277,9 @@ class Daemon:
             raise errors.CheckpointError(
                 f"persistent tier {options.persistent_uri} unwritable: {err}"
             ) from err
-        return {"state": "ok", "seconds": time.perf_counter() - started, "committed": committed}
+        seconds = time.perf_counter() - started
+        metrics.observe(PERSISTENT, metrics.SAVE, record.size, seconds)
+        return {"state": "ok", "seconds": seconds, "committed": committed}
 
     def _replicate(
         self,
@@ -292,6 +312,7 @@ class Daemon:
                 f"copied to {len(reached)} of {options.peer_replicas} peers "
                 f"({', '.join(failures) or 'no peers configured'})"
             )
+        metrics.observe(PEERS, metrics.REPLICATE, record.size * len(reached), seconds)
         return {
             "state": "ok",
             "nodes": reached,
@@ -318,6 +339,7 @@ class Daemon:
             checksum.verify(expected, running, f"upload of {job}/{rank}/{step}")
         except BaseException:
             self.memory.abandon(buffer.id)
+            metrics.failed(MEMORY, metrics.SAVE)
             raise
         return manifest.ShardRecord(rank, size, expected, buffer=buffer.id)
 
@@ -393,7 +415,7 @@ class Handler(BaseHTTPRequestHandler):
         segments = [unquote(s) for s in parts.path.split("/")[1:]]
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         try:
-            if segments != ["v1", "healthz"]:
+            if segments not in (["v1", "healthz"], ["metrics"]):
                 self.server.daemon.authorized(self.headers.get("Authorization"))
             self._route(method, segments, query)
         except Exception as err:
@@ -404,6 +426,8 @@ class Handler(BaseHTTPRequestHandler):
         match method, segments:
             case "GET", ["v1", "healthz"]:
                 self._json({"ok": True, "node": daemon.node})
+            case "GET", ["metrics"]:
+                self._send(*metrics.exposition())
             case "GET", ["v1", "info"]:
                 self._json(daemon.info())
             case "GET", ["v1", "inventory"]:
@@ -450,8 +474,11 @@ class Handler(BaseHTTPRequestHandler):
             case "GET", "shard":
                 self._send_shard(job, rank, step, query.get("tier", MEMORY))
             case "GET", "path":
+                started = time.perf_counter()
                 record, path = daemon.memory.acquire(job, rank, step)
                 daemon.memory.unbusy(record.buffer)
+                seconds = time.perf_counter() - started
+                metrics.observe(MEMORY, metrics.RESTORE, record.size, seconds)
                 self._json({"path": str(path), **record.to_json()})
             case "GET", "status":
                 wait = float(query.get("wait", "0"))
@@ -471,9 +498,10 @@ class Handler(BaseHTTPRequestHandler):
 
         options = SaveOptions.parse(get, daemon.node)
         self.body_read = True  # from here on, receive reads it or the connection is broken
+        started = time.perf_counter()
         record = daemon.receive(job, rank, step, size, str(get("checksum")), self.rfile.readinto)
         stored = manifest.ShardRecord(rank, size, record.checksum, options.origin, record.buffer)
-        self._json(daemon.stored(job, rank, step, stored, options))
+        self._json(daemon.stored(job, rank, step, stored, options, started))
 
     def _send_shard(self, job: str, rank: int, step: int, tier: str) -> None:
         daemon = self.server.daemon
@@ -483,6 +511,7 @@ class Handler(BaseHTTPRequestHandler):
             record, path = daemon.disk.locate(job, rank, step)
         else:
             raise ValueError(f"tier {tier!r}: memory or local")
+        started = time.perf_counter()
         try:
             with open(path, "rb") as file:
                 size = os.fstat(file.fileno()).st_size
@@ -494,6 +523,10 @@ class Handler(BaseHTTPRequestHandler):
                 self.end_headers()
                 self.wfile.flush()
                 self.connection.sendfile(file, 0, size)
+            metrics.observe(tier, metrics.SERVE, size, time.perf_counter() - started)
+        except OSError:
+            metrics.failed(tier, metrics.SERVE)
+            raise
         finally:
             if tier == MEMORY:
                 daemon.memory.unbusy(record.buffer)
@@ -509,9 +542,11 @@ class Handler(BaseHTTPRequestHandler):
         return body
 
     def _json(self, data: Any, status: int = 200) -> None:
-        payload = json.dumps(data).encode()
+        self._send(json.dumps(data).encode(), "application/json", status)
+
+    def _send(self, payload: bytes, content_type: str, status: int = 200) -> None:
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
         self.wfile.write(payload)
