@@ -16,8 +16,14 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from matrixpool.devcluster.cluster import Cluster
 
+# The kubectl plugin's commands, also reachable as `matrixpool <command>`.
+PLUGIN_COMMANDS = ("status", "cards", "jobs", "recoveries")
+
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in PLUGIN_COMMANDS:
+        return _plugin(argv)
     parser = _parser()
     args = parser.parse_args(argv)
     if not getattr(args, "handler", None):
@@ -114,7 +120,15 @@ def _parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="local cluster + operator + examples")
     demo.add_argument("--keep", action="store_true", help="leave the cluster and operator up")
     demo.set_defaults(handler=_demo)
+    for name in PLUGIN_COMMANDS:  # delegated before parsing; listed here for --help
+        commands.add_parser(name, help=f"same as kubectl matrixpool {name} (see its --help)")
     return parser
+
+
+def _plugin(argv: list[str]) -> int:
+    from matrixpool.plugin import cli as plugin_cli
+
+    return plugin_cli.main(argv)
 
 
 def _run(args: argparse.Namespace) -> int:
