@@ -117,6 +117,19 @@ def _parser() -> argparse.ArgumentParser:
     cards.add_argument("cards")
     cards.set_defaults(handler=_fault, fault="cards")
 
+    sim = commands.add_parser("sim", help="checkpoint daemons per node, trainers per pod")
+    sim.add_argument(
+        "--supernode",
+        action="append",
+        default=[],
+        metavar="SN",
+        help="simulate only these supernodes' nodes (repeatable; default: all)",
+    )
+    sim.add_argument("--step-seconds", type=float, default=0.5, help="seconds per training step")
+    sim.add_argument("--state-bytes", type=int, default=64 << 10, help="state bytes per rank")
+    sim.add_argument("--folder", type=Path, help="where daemons keep data and logs")
+    sim.set_defaults(handler=_sim)
+
     demo = commands.add_parser("demo", help="local cluster + operator + examples")
     demo.add_argument("--keep", action="store_true", help="leave the cluster and operator up")
     demo.set_defaults(handler=_demo)
@@ -198,6 +211,34 @@ def _fault(args: argparse.Namespace) -> int:
         }[args.fault]
         action(kubeconfig, args.node)
     print(f"{args.fault} {args.node}" + (f" {args.cards!r}" if args.fault == "cards" else ""))
+    return 0
+
+
+def _sim(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from matrixpool.devcluster import cluster, sim
+
+    folder = args.folder or cluster.default_folder() / "sim"
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    kubeconfig = os.environ.get("KUBECONFIG")
+    simulation = sim.Sim(
+        Path(kubeconfig) if kubeconfig else cluster.Cluster().kubeconfig,
+        folder,
+        frozenset(args.supernode),
+        args.step_seconds,
+        args.state_bytes,
+    )
+    print(
+        f"simulating nodes of {', '.join(args.supernode) or 'every supernode'}; "
+        f"data and logs in {folder}",
+        file=sys.stderr,
+        flush=True,
+    )
+    simulation.run(stop)
     return 0
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from matrixpool.devcluster import topology
-from tests.integration import framework
+from tests.integration import framework, manifests
 
 
 @pytest.fixture(scope="session")
@@ -45,3 +45,17 @@ def operator(cluster: framework.TestCluster, tmp_path: Path) -> Iterator[framewo
     finally:
         process.kill()
         print(process.log()[-20000:])
+
+
+@pytest.fixture
+def two_supernodes(cluster: framework.TestCluster) -> Iterator[list[str]]:
+    """sn-0 and sn-1, one spare node each, over a cluster with no gang pods left."""
+    framework.eventually(
+        lambda: not framework.gang_pods(cluster), timeout=60, what="no gang pods left"
+    )
+    names = ["sn-0", "sn-1"][: cluster.shape.supernodes]
+    for name in names:
+        cluster.kubectl("apply", "-f", "-", input=manifests.supernode(name).yaml())
+    yield names
+    for name in names:
+        cluster.kubectl("delete", "supernode", name, check=False)

@@ -7,6 +7,7 @@ A control plane that cannot start fails the session; it is never skipped.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -159,3 +160,10 @@ class Operator:
 
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def gang_pods(cluster: TestCluster, namespace: str | None = None) -> list[dict[str, Any]]:
+    """Pods of matrixpool gangs, in one namespace or all."""
+    scope = ["-n", namespace] if namespace else ["-A"]
+    out = cluster.kubectl("get", "pods", *scope, "-l", "matrixpool.dev/job", "-o", "json").stdout
+    return list(json.loads(out)["items"])

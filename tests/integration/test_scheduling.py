@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,16 +15,10 @@ from tests.integration import framework, manifests
 CARDS = "matrixpool.dev/cards"
 
 
-def gang_pods(cluster: framework.TestCluster, namespace: str | None = None) -> list[dict[str, Any]]:
-    scope = ["-n", namespace] if namespace else ["-A"]
-    out = cluster.kubectl("get", "pods", *scope, "-l", "matrixpool.dev/job", "-o", "json").stdout
-    return list(json.loads(out)["items"])
-
-
 def assert_no_card_twice(cluster: framework.TestCluster) -> int:
     """Every (node, card) held by at most one pod; returns the number of cards held."""
     held: Counter[tuple[str, int]] = Counter()
-    for pod in gang_pods(cluster):
+    for pod in framework.gang_pods(cluster):
         annotations = pod["metadata"].get("annotations") or {}
         node = pod["spec"].get("nodeName") or annotations.get("matrixpool.dev/node")
         if pod["spec"].get("nodeName") and annotations.get("matrixpool.dev/node"):
@@ -60,18 +53,6 @@ def wait_job(
     return framework.eventually(probe, timeout=timeout, what=f"{name} with {bound} pods bound")
 
 
-@pytest.fixture
-def two_supernodes(cluster: framework.TestCluster) -> Iterator[list[str]]:
-    """sn-0 and sn-1, one spare node each, over a cluster with no gang pods left."""
-    framework.eventually(lambda: not gang_pods(cluster), timeout=60, what="no gang pods left")
-    names = ["sn-0", "sn-1"][: cluster.shape.supernodes]
-    for name in names:
-        cluster.kubectl("apply", "-f", "-", input=manifests.supernode(name).yaml())
-    yield names
-    for name in names:
-        cluster.kubectl("delete", "supernode", name, check=False)
-
-
 def test_deepseek_prefill_and_ep320_decode_fill_one_supernode_leaving_the_spare_idle(
     cluster: framework.TestCluster,
     operator: framework.Operator,
@@ -86,7 +67,7 @@ def test_deepseek_prefill_and_ep320_decode_fill_one_supernode_leaving_the_spare_
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=service.yaml())
 
     def all_bound() -> list[dict[str, Any]] | None:
-        pods = gang_pods(cluster, namespace)
+        pods = framework.gang_pods(cluster, namespace)
         return pods if len(pods) == 44 and all(p["spec"].get("nodeName") for p in pods) else None
 
     pods = framework.eventually(all_bound, timeout=90, what="44 pods bound")
@@ -144,7 +125,7 @@ def test_preferred_job_spans_two_supernodes_on_whole_nodes_and_required_job_wait
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=big.yaml())
     body = wait_job(cluster, namespace, "big", bound=50, timeout=90)
     assert body["status"]["placement"]["superNodes"] == ["sn-0", "sn-1"]
-    pods = gang_pods(cluster, namespace)
+    pods = framework.gang_pods(cluster, namespace)
     per_node = Counter(p["spec"]["nodeName"] for p in pods)
     assert set(per_node.values()) == {1}  # whole nodes: one 8-card pod per node
     assert assert_no_card_twice(cluster) == 400
@@ -179,7 +160,7 @@ def test_preferred_job_spans_two_supernodes_on_whole_nodes_and_required_job_wait
     assert json.loads(events)["items"], "a Warning Event explains why needy waits"
     spare = (get(cluster, "supernode", "sn-1").get("status") or {}).get("spareNodes") or []
     assert spare
-    assert not {p["spec"].get("nodeName") for p in gang_pods(cluster)} & set(spare)
+    assert not {p["spec"].get("nodeName") for p in framework.gang_pods(cluster)} & set(spare)
 
 
 def test_inference_preempts_training_and_the_elastic_job_shrinks_first(
@@ -203,7 +184,7 @@ def test_inference_preempts_training_and_the_elastic_job_shrinks_first(
     def served() -> bool:
         pods = [
             p
-            for p in gang_pods(cluster, namespace)
+            for p in framework.gang_pods(cluster, namespace)
             if p["metadata"]["labels"]["matrixpool.dev/job"] == "chat"
         ]
         return len(pods) == 20 and all(p["spec"].get("nodeName") for p in pods)
@@ -244,7 +225,9 @@ def test_operator_killed_in_the_middle_of_binding_a_gang_finishes_it_without_dou
         cluster.kubectl("apply", "-n", namespace, "-f", "-", input=job.yaml())
 
         def midway() -> int | None:
-            bound = sum(1 for p in gang_pods(cluster, namespace) if p["spec"].get("nodeName"))
+            bound = sum(
+                1 for p in framework.gang_pods(cluster, namespace) if p["spec"].get("nodeName")
+            )
             assert_no_card_twice(cluster)
             return bound if 3 <= bound < 40 else None
 
@@ -253,7 +236,7 @@ def test_operator_killed_in_the_middle_of_binding_a_gang_finishes_it_without_dou
         )
         operator.kill()
         assert_no_card_twice(cluster)
-        still = sum(1 for p in gang_pods(cluster, namespace) if p["spec"].get("nodeName"))
+        still = sum(1 for p in framework.gang_pods(cluster, namespace) if p["spec"].get("nodeName"))
         assert bound_at_kill <= still < 40, "the kill came before the gang completed"
         operator.env = {}
         operator.start()
@@ -329,7 +312,7 @@ def test_deleting_a_job_removes_its_pods_and_frees_its_cards(
     wait_job(cluster, namespace, "short", bound=4)
     cluster.kubectl("delete", "trainingjob", "short", "-n", namespace)
     framework.eventually(
-        lambda: not gang_pods(cluster, namespace),
+        lambda: not framework.gang_pods(cluster, namespace),
         timeout=60,
         what="the job's pods garbage-collected",
     )

@@ -1,0 +1,289 @@
+"""``matrixpool sim``: the stand-in for kubelets and trainers on the local cluster.
+
+For every simulated node (of the chosen supernodes) it runs one real checkpoint daemon
+(``matrixpool-ckpt-daemon``) on a loopback address of its own and publishes it on the Node as
+``matrixpool.dev/ckpt-endpoint``; tier-1 peers are assigned in another rack
+(:func:`matrixpool_recovery.peers.assign_peers`). For every Running pod of a TrainingJob it runs a
+trainer process (:mod:`matrixpool.devcluster.trainer`) with the real Checkpointer. A node that
+goes NotReady or is deleted loses its daemon and trainers at once (SIGKILL: its memory is gone);
+when it comes back it gets a fresh, empty daemon. Used by the chaos tests, the demo and users who
+want to rehearse a recovery.
+
+Reconciles every :data:`PERIOD` seconds from the API; safe to restart (it adopts nothing: old
+processes die with it).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from matrixpool.api import labels
+from matrixpool.k8s import client as k8s_client
+from matrixpool_recovery import peers as peer_policy
+from matrixpool_recovery import policy
+
+PERIOD = 0.5  # seconds between reconciliations
+PORT = 7040  # every daemon listens on this port of its own loopback address
+ENDPOINT_ANNOTATION = "matrixpool.dev/ckpt-endpoint"
+RESTORE_ANNOTATION = "matrixpool.dev/restore"
+
+
+@dataclass
+class Process:
+    """A child process and the file its output goes to."""
+
+    popen: subprocess.Popen[bytes]
+    log: Path
+    ready_file: Path | None = None  # written by a daemon once it serves
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def ready(self) -> bool:
+        return self.alive() and (self.ready_file is None or self.ready_file.exists())
+
+    def kill(self) -> None:
+        if self.alive():
+            self.popen.send_signal(signal.SIGKILL)
+        self.popen.wait()
+
+
+@dataclass
+class Sim:
+    """The simulation of one local cluster's kubelets and trainers."""
+
+    kubeconfig: Path | None
+    folder: Path
+    supernodes: frozenset[str] = frozenset()  # empty: every supernode
+    step_seconds: float = 0.5
+    state_bytes: int = 64 << 10
+    token: str = field(default_factory=lambda: secrets.token_hex(16))
+    daemons: dict[str, Process] = field(default_factory=dict)  # node → its daemon
+    trainers: dict[str, Process] = field(default_factory=dict)  # pod uid → its trainer
+    addresses: dict[str, str] = field(default_factory=dict)  # node → loopback address
+    peers: dict[str, tuple[str, ...]] = field(default_factory=dict)  # node → peer nodes
+    published: set[str] = field(default_factory=set)  # nodes whose endpoint is on the Node
+
+    def __post_init__(self) -> None:
+        self.api = k8s_client.from_kubeconfig(self.kubeconfig)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        token_file = self.folder / "token"  # for people and tests who query the daemons
+        token_file.write_text(self.token)
+        token_file.chmod(0o600)
+
+    # ---- the loop --------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        try:
+            while not stop.is_set():
+                try:
+                    self.reconcile()
+                except Exception as error:  # the API restarting, a node vanishing: retry
+                    print(f"sim: reconcile failed, retrying: {error}", file=sys.stderr)
+                stop.wait(PERIOD)
+        finally:
+            self.shutdown()
+
+    def reconcile(self) -> None:
+        """1 nodes and their daemons, 2 endpoints on the Nodes, 3 tier-1 peers, 4 trainers."""
+        nodes = self.nodes()
+        healthy = {name for name, node in nodes.items() if _ready(node)}
+        for name in list(self.daemons):
+            if name not in healthy or not self.daemons[name].alive():
+                self.lose_node(name)
+        for name in sorted(healthy - set(self.daemons)):
+            self.start_daemon(name)
+        self.publish(nodes)
+        self.assign_peers(nodes, healthy)
+        self.reconcile_trainers(healthy)
+
+    def shutdown(self) -> None:
+        for process in [*self.trainers.values(), *self.daemons.values()]:
+            process.kill()
+        self.trainers.clear()
+        self.daemons.clear()
+
+    # ---- phase 1: daemons ------------------------------------------------------------------
+
+    def nodes(self) -> dict[str, Any]:
+        found = {}
+        for node in self.api.core.list_node().items:
+            supernode = (node.metadata.labels or {}).get(labels.SUPERNODE)
+            if supernode and (not self.supernodes or supernode in self.supernodes):
+                found[node.metadata.name] = node
+        return found
+
+    def address(self, node: str) -> str:
+        """A loopback address of the node's own: 127.1.x.y, stable for the sim's life."""
+        if node not in self.addresses:
+            index = len(self.addresses) + 1
+            self.addresses[node] = f"127.1.{index // 250}.{index % 250 + 1}"
+        return self.addresses[node]
+
+    def endpoint(self, node: str) -> str:
+        return f"{self.address(node)}:{PORT}"
+
+    def start_daemon(self, node: str) -> None:
+        memory = self.folder / "memory" / node
+        shutil.rmtree(memory, ignore_errors=True)  # a node that comes back has empty memory
+        log = self.folder / "logs" / f"daemon-{node}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        ready = self.folder / "ready" / node
+        ready.parent.mkdir(parents=True, exist_ok=True)
+        ready.unlink(missing_ok=True)
+        args = [
+            _script("matrixpool-ckpt-daemon"),
+            f"--listen={self.endpoint(node)}",
+            f"--node={node}",
+            f"--data-dir={self.folder / 'disk' / node}",
+            f"--memory-dir={memory}",
+            "--memory-bytes=256Mi",
+            "--memory-headroom=32Mi",
+            f"--token={self.token}",
+            "--log-level=WARNING",
+            f"--ready-file={ready}",
+        ]
+        self.daemons[node] = _spawn(args, log)
+        self.daemons[node].ready_file = ready
+        self.published.discard(node)
+
+    def publish(self, nodes: dict[str, Any]) -> None:
+        """Put each serving daemon's endpoint on its Node (once it answers, not before)."""
+        for node, daemon in self.daemons.items():
+            if node in self.published or not daemon.ready():
+                continue
+            annotations = nodes[node].metadata.annotations or {}
+            if annotations.get(ENDPOINT_ANNOTATION) != self.endpoint(node):
+                patch = {"metadata": {"annotations": {ENDPOINT_ANNOTATION: self.endpoint(node)}}}
+                self.api.core.patch_node(node, patch)
+            self.published.add(node)
+        self.peers.pop(node, None)
+
+    def lose_node(self, node: str) -> None:
+        """The node is down or gone: its daemon and trainers die, its memory with them."""
+        for uid, trainer in list(self.trainers.items()):
+            if trainer.log.name.startswith(f"{node}."):
+                trainer.kill()
+                del self.trainers[uid]
+        self.daemons.pop(node).kill()
+        shutil.rmtree(self.folder / "memory" / node, ignore_errors=True)
+        self.peers.pop(node, None)
+
+    # ---- phase 2: peers in another rack ------------------------------------------------------
+
+    def assign_peers(self, nodes: dict[str, Any], healthy: set[str]) -> None:
+        racks = {
+            name: (nodes[name].metadata.labels or {}).get(labels.RACK, name) for name in healthy
+        }
+        by_supernode: dict[str, list[str]] = {}
+        for name in healthy:
+            supernode = (nodes[name].metadata.labels or {}).get(labels.SUPERNODE, "")
+            by_supernode.setdefault(supernode, []).append(name)
+        for members in by_supernode.values():
+            plan = peer_policy.assign_peers(
+                {policy.NodeName(n): (0,) for n in members},
+                {policy.NodeName(n): racks[n] for n in members},
+                1,
+            )
+            for node, chosen in plan.peers.items():
+                if self.peers.get(node) != tuple(chosen) and self.daemons[node].ready():
+                    self.tell_peers(node, [self.endpoint(p) for p in chosen])
+                    self.peers[node] = tuple(chosen)
+
+    def tell_peers(self, node: str, endpoints: list[str]) -> None:
+        request = urllib.request.Request(
+            f"http://{self.endpoint(node)}/v1/peers",
+            method="POST",
+            data=json.dumps({"peers": endpoints}).encode(),
+            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=5):
+            return
+
+    # ---- phase 3: trainers -------------------------------------------------------------------
+
+    def reconcile_trainers(self, healthy: set[str]) -> None:
+        pods = self.api.core.list_pod_for_all_namespaces(
+            label_selector=f"{labels.KIND}=TrainingJob"
+        ).items
+        wanted = {
+            p.metadata.uid: p
+            for p in pods
+            if p.status.phase == "Running"
+            and p.spec.node_name in healthy
+            and not p.metadata.deletion_timestamp
+        }
+        for uid in list(self.trainers):
+            if uid not in wanted or not self.trainers[uid].alive():
+                self.trainers.pop(uid).kill()
+        jobs: dict[tuple[str, str], list[Any]] = {}
+        for pod in pods:
+            key = (pod.metadata.namespace, pod.metadata.labels.get(labels.JOB, ""))
+            if not pod.metadata.deletion_timestamp:
+                jobs.setdefault(key, []).append(pod)
+        for uid, pod in wanted.items():
+            daemon = self.daemons.get(pod.spec.node_name)
+            if uid not in self.trainers and daemon is not None and daemon.ready():
+                self.start_trainer(
+                    pod, jobs[(pod.metadata.namespace, pod.metadata.labels[labels.JOB])]
+                )
+
+    def start_trainer(self, pod: Any, gang: list[Any]) -> None:
+        namespace, job = pod.metadata.namespace, pod.metadata.labels[labels.JOB]
+        body = self.api.custom.get_namespaced_custom_object(
+            "matrixpool.dev", "v1alpha1", namespace, "trainingjobs", job
+        )
+        checkpoint = (body.get("spec") or {}).get("checkpoint") or {"memory": {"everySteps": 1}}
+        others = sorted({p.spec.node_name for p in gang if p.spec.node_name} - {pod.spec.node_name})
+        env = {
+            "MATRIXPOOL_JOB": f"{namespace}.{job}",
+            "MATRIXPOOL_RANK": pod.metadata.labels[labels.RANK],
+            "MATRIXPOOL_WORLD_SIZE": str(len(gang)),
+            "MATRIXPOOL_CKPT_DAEMON": self.endpoint(pod.spec.node_name),
+            "MATRIXPOOL_CKPT_TOKEN": self.token,
+            "MATRIXPOOL_CKPT_PEERS": ",".join(self.endpoint(n) for n in others),
+            "MATRIXPOOL_CHECKPOINT": json.dumps(checkpoint),
+            "MATRIXPOOL_RESTORE": (pod.metadata.annotations or {}).get(RESTORE_ANNOTATION, ""),
+            "MATRIXPOOL_SIM_STEP_SECONDS": str(self.step_seconds),
+            "MATRIXPOOL_SIM_STATE_BYTES": str(self.state_bytes),
+        }
+        log = self.folder / "trainers" / f"{pod.spec.node_name}.{namespace}.{pod.metadata.name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.trainers[pod.metadata.uid] = _spawn(
+            [sys.executable, "-m", "matrixpool.devcluster.trainer"], log, env
+        )
+
+
+def _ready(node: Any) -> bool:
+    conditions = (node.status.conditions or []) if node.status else []
+    return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+
+def _script(name: str) -> str:
+    beside = Path(sys.executable).with_name(name)
+    return str(beside) if beside.exists() else name
+
+
+def _spawn(args: Iterable[str], log: Path, env: dict[str, str] | None = None) -> Process:
+    import os
+
+    with open(log, "ab") as out:
+        popen = subprocess.Popen(
+            list(args),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+        )
+    return Process(popen, log)

@@ -1,0 +1,153 @@
+"""``matrixpool sim`` on the real control plane (issue 5, item 1): a checkpoint daemon per node
+published on the Node, a trainer per Running pod saving with the real Checkpointer, and a node
+fault that takes the node's daemon and trainers down with it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration import framework, manifests
+from tests.integration.test_scheduling import wait_job
+
+ENDPOINT = "matrixpool.dev/ckpt-endpoint"
+
+
+@pytest.fixture
+def sim(cluster: framework.TestCluster, tmp_path: Path) -> Iterator[Path]:
+    """`matrixpool sim` for sn-0's nodes; yields its folder."""
+    folder = tmp_path / "sim"
+    log = open(tmp_path / "sim.log", "wb")  # noqa: SIM115 -- the child's, closed below
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "matrixpool.cli",
+            "sim",
+            "--supernode",
+            "sn-0",
+            "--step-seconds",
+            "0.2",
+            "--folder",
+            str(folder),
+        ],
+        env=cluster.env(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        yield folder
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=60)
+        log.close()
+        print((tmp_path / "sim.log").read_text(errors="replace")[-5000:])
+
+
+def endpoints(cluster: framework.TestCluster) -> dict[str, str]:
+    nodes = json.loads(
+        cluster.kubectl("get", "nodes", "-l", "matrixpool.dev/supernode=sn-0", "-o", "json").stdout
+    )["items"]
+    return {
+        n["metadata"]["name"]: (n["metadata"].get("annotations") or {}).get(ENDPOINT, "")
+        for n in nodes
+    }
+
+
+def inventory(endpoint: str, token: str) -> list[dict[str, Any]] | None:
+    request = urllib.request.Request(
+        f"http://{endpoint}/v1/inventory", headers={"Authorization": f"Bearer {token}"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=2) as response:
+            body = json.loads(response.read())
+    except (urllib.error.URLError, OSError):
+        return None
+    return list(body.get("shards", body) if isinstance(body, dict) else body)
+
+
+def healthy(endpoint: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{endpoint}/v1/healthz", timeout=1):
+            return True
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def test_sim_runs_a_daemon_per_node_and_trainers_that_checkpoint_and_die_with_their_node(
+    cluster: framework.TestCluster,
+    operator: framework.Operator,
+    namespace: str,
+    two_supernodes: list[str],
+    sim: Path,
+) -> None:
+    published = framework.eventually(
+        lambda: (e := endpoints(cluster)) and all(e.values()) and e,
+        timeout=60,
+        what="every sn-0 node publishes its daemon",
+    )
+    assert len(set(published.values())) == 48
+    framework.eventually(
+        lambda: all(healthy(e) for e in published.values()),
+        timeout=30,
+        what="every published daemon answers",
+    )
+
+    job = manifests.training_job("sim").replicas(4).cards(8).on("sn-0")
+    job.body["spec"]["checkpoint"] = {"memory": {"everySteps": 1, "peerReplicas": 1}}
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=job.yaml())
+    wait_job(cluster, namespace, "sim", bound=4)
+    pods = framework.gang_pods(cluster, namespace)
+    node_of = {
+        int(p["metadata"]["labels"]["matrixpool.dev/rank"]): p["spec"]["nodeName"] for p in pods
+    }
+    token = _token(sim)
+
+    def saved(rank: int) -> list[dict[str, Any]] | None:
+        shards = inventory(published[node_of[rank]], token) or []
+        mine = [
+            s
+            for s in shards
+            if str(s.get("job")) == f"{namespace}.sim" and int(s.get("rank", -1)) == rank
+        ]
+        return mine if len({int(s["step"]) for s in mine}) >= 1 else None
+
+    for rank in range(4):
+        framework.eventually(
+            lambda rank=rank: saved(rank),
+            timeout=60,
+            what=f"rank {rank} checkpoints in its node's daemon",
+        )
+
+    victim = node_of[0]
+    cluster.matrixpool("cluster", "fault", "node-down", victim)
+    try:
+        framework.eventually(
+            lambda: not healthy(published[victim]),
+            timeout=20,
+            what=f"{victim}'s daemon gone with the node",
+        )
+        others = [published[node_of[r]] for r in (1, 2, 3)]
+        assert all(healthy(e) for e in others)
+    finally:
+        cluster.matrixpool("cluster", "fault", "node-up", victim)
+    framework.eventually(
+        lambda: healthy(published[victim]),
+        timeout=30,
+        what=f"{victim} gets a fresh daemon when it comes back",
+    )
+
+
+def _token(folder: Path) -> str:
+    return (folder / "token").read_text().strip()
