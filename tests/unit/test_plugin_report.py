@@ -253,3 +253,12 @@ def test_recoveries_are_oldest_first_with_their_durations() -> None:
 
 def test_a_job_without_recoveries_has_an_empty_timeline() -> None:
     assert report.recovery_rows(training_job("llm")) == []
+
+
+def test_racks_are_in_natural_order() -> None:
+    nodes = [node(f"sn-node-{i}", f"rack-{i}") for i in (10, 2, 1)]
+    assert [r.name for r in report.card_map(supernode(), nodes, []).racks] == [
+        "rack-1",
+        "rack-2",
+        "rack-10",
+    ]

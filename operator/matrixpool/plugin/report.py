@@ -6,6 +6,7 @@ are drawn by :mod:`matrixpool.plugin.render`.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -203,7 +204,7 @@ def card_map(sn_body: Obj, nodes: Sequence[Obj], pods: Iterable[Obj]) -> CardMap
         racks.setdefault(_rack(node), []).append(cells)
     return CardMap(
         supernode=sn.metadata.name,
-        racks=tuple(Rack(name, tuple(cells)) for name, cells in sorted(racks.items())),
+        racks=tuple(Rack(name, tuple(racks[name])) for name in sorted(racks, key=natural)),
     )
 
 
@@ -233,6 +234,11 @@ def _card_count(sn: supernode.SuperNode, node: Obj) -> int:
         return int(str(allocatable[sn.spec.card_resource]))
     except (KeyError, ValueError):
         return sn.spec.cards_per_node
+
+
+def natural(name: str) -> tuple[str | int, ...]:
+    """Sort key that puts ``rack-2`` before ``rack-10``."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
 
 
 def _rack(node: Obj) -> str:
