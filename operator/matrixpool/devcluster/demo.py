@@ -1,12 +1,14 @@
 """``matrixpool demo`` (``make demo``): the local cluster, the operator, the examples, and what
 ``kubectl get matrixpool`` then shows. Narrates every step with its measured time.
 
-Foundation version: it pools the cards of the simulated supernodes and reports them; scheduling,
-time-sharing and recovery join the narration as they land.
+What it shows today: two supernodes pooled and reported, the DeepSeek-style service placed on
+sn-0, training placed on what is left or waiting with a reason. Time-sharing transitions and
+recoveries join the narration as they land (issues 5 and 6).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -36,6 +38,8 @@ def run(*, keep: bool = False) -> int:
             print(cluster.kubectl(local, *args).stdout.strip())
         _step("waiting for the operator to report every SuperNode")
         _wait_reported(local)
+        _step("waiting for every workload to be placed, or to say why it waits")
+        _wait_settled(local)
         _step("kubectl get matrixpool -A")
         print(cluster.kubectl(local, "get", "matrixpool", "-A").stdout)
         print(f"demo finished in {clock.SYSTEM.monotonic() - started:.1f} s")
@@ -77,6 +81,34 @@ def _wait_reported(local: cluster.Cluster, timeout: float = 60) -> None:
     raise cluster.ClusterError(
         "the operator did not report the SuperNodes; see its log in "
         f"{Path(local.folder) / 'logs' / 'operator.log'}"
+    )
+
+
+def _wait_settled(local: cluster.Cluster, timeout: float = 90) -> None:
+    """Until each TrainingJob and InferenceService is bound or has a reason to wait."""
+    deadline = clock.SYSTEM.monotonic() + timeout
+    while clock.SYSTEM.monotonic() < deadline:
+        items = json.loads(
+            cluster.kubectl(
+                local, "get", "trainingjobs,inferenceservices", "-A", "-o", "json"
+            ).stdout
+        )["items"]
+        if all(_settled(item) for item in items):
+            return
+        time.sleep(0.5)
+    print("  (some workloads are still being placed)")
+
+
+def _settled(item: dict[str, object]) -> bool:
+    status = item.get("status") or {}
+    assert isinstance(status, dict)
+    kind = "Scheduled" if item.get("kind") == "TrainingJob" else "Ready"
+    conditions: list[dict[str, object]] = list(status.get("conditions") or [])
+    condition: dict[str, object] = next((c for c in conditions if c.get("type") == kind), {})
+    return condition.get("status") == "True" or condition.get("reason") not in (
+        None,
+        "Waiting",
+        "Scheduling",
     )
 
 
