@@ -210,6 +210,12 @@ def test_inference_preempts_training_and_the_elastic_job_shrinks_first(
     )["items"]
     assert "Shrunk" in {e["reason"] for e in reasons}
 
+    # When inference leaves, the elastic job grows back to its full size.
+    cluster.kubectl("delete", "inferenceservice", "chat", "-n", namespace)
+    grown = wait_job(cluster, namespace, "elastic", bound=40, timeout=90)
+    assert grown["status"]["replicas"]["desired"] == 40
+    assert_no_card_twice(cluster)
+
 
 def test_operator_killed_in_the_middle_of_binding_a_gang_finishes_it_without_double_booking(
     cluster: framework.TestCluster,

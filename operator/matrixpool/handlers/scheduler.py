@@ -54,6 +54,7 @@ class Memory:
     reasons: dict[str, model.Reason] = field(default_factory=dict)  # gang → why it waits
     expert_maps: dict[str, str] = field(default_factory=dict)  # configmap → content written
     statuses: dict[str, dict[str, Any]] = field(default_factory=dict)  # workload → last patch
+    replicas: dict[str, int] = field(default_factory=dict)  # job → replicas after shrink/grow
 
 
 MEMORY = Memory()
@@ -73,6 +74,7 @@ class Cycle:
     def __init__(self, world: World, memory: Memory) -> None:
         self.world = world
         self.memory = memory
+        self.preempted = False
         self.topologies = topologies(world)
         self.supernode_of: dict[str, str] = {
             str(n.name): t.name for t in self.topologies for n in t.nodes
@@ -86,7 +88,8 @@ class Cycle:
         bindings = await self.place(pending)  # phase 5
         metrics.PENDING_GANGS.set(len(pending) - len(bindings))
         await self.bind(bindings)  # phase 6
-        await self.report(wanted, bindings)  # phase 7
+        if not self.preempted:  # after a preemption the indexes lag: report next cycle
+            await self.report(wanted, bindings)  # phase 7
 
     # ---- phase 2: what each workload wants ---------------------------------------------------
 
@@ -94,7 +97,7 @@ class Cycle:
         if isinstance(workload.model, trainingjob.TrainingJob):
             spec = workload.model.spec
             size = self.sizes.get(spec.super_node or "") or max(self.sizes.values(), default=0)
-            replicas = effective_replicas(workload)
+            replicas = self.effective(workload)
             return [gangs.training_gang(workload.namespace, workload.name, spec, size, replicas)]
         assert isinstance(workload.model, inferenceservice.InferenceService)
         return gangs.inference_gangs(workload.namespace, workload.name, workload.model.spec)
@@ -199,9 +202,32 @@ class Cycle:
                 preemption = engine.preempt(snapshot, request, victims)
                 if isinstance(preemption, model.Preemption):
                     await self.preempt(item, preemption)
+                    self.preempted = True
                     return bindings  # the world changes; place again next cycle
             self.note_reason(item, verdict.reasons[0])
+        placed = {b.placement.gang for b in bindings}
+        waiting = [p.gang.request.priority for p in pending if p.gang.request.gang not in placed]
+        await self.grow(snapshot, max(waiting, default=None))
         return bindings
+
+    async def grow(self, snapshot: engine.Snapshot, waiting: int | None) -> None:
+        """Rule: a shrunk elastic job grows back to spec.replicas once the whole gang fits
+        again on free cards, and no gang of its priority or higher still waits for cards."""
+        for workload in self.world.workloads:
+            if not isinstance(workload.model, trainingjob.TrainingJob):
+                continue
+            spec = workload.model.spec
+            if self.effective(workload) >= spec.replicas:
+                continue
+            if waiting is not None and waiting >= spec.priority:
+                continue
+            size = self.sizes.get(spec.super_node or "") or max(self.sizes.values(), default=0)
+            full = gangs.training_gang(workload.namespace, workload.name, spec, size)
+            verdict = engine.place(snapshot, full.request)
+            if isinstance(verdict, model.Placement):
+                snapshot.commit(verdict)
+                await self.set_replicas(workload, spec.replicas)
+                _event(workload, "Normal", "Grown", f"grown back to {spec.replicas} replicas")
 
     def note_reason(self, item: Pending, reason: model.Reason) -> None:
         """Remember why a gang waits; a Warning Event when the reason is new."""
@@ -232,7 +258,7 @@ class Cycle:
         doomed: list[tuple[str, str]] = []
         for key, keep in plan.shrink.items():
             workload, gang = by_gang[key]
-            per = max(1, len(gang.pods) // max(1, effective_replicas(workload) or 1))
+            per = max(1, len(gang.pods) // max(1, self.effective(workload)))
             doomed += [(p.namespace, p.name) for p in gang.pods[keep:]]
             await self.set_replicas(workload, keep // per)
             _event(
@@ -266,7 +292,11 @@ class Cycle:
             checkpoint_request=request_id,
         )
 
+    def effective(self, workload: Workload) -> int:
+        return effective_replicas(workload, self.memory.replicas.get(workload.key))
+
     async def set_replicas(self, workload: Workload, replicas: int) -> None:
+        self.memory.replicas[workload.key] = replicas
         await k8s_status.patch_status(
             trainingjob.PLURAL,
             workload.namespace,
@@ -344,7 +374,13 @@ class Cycle:
             plans = wanted.get(workload.key, [])
             if isinstance(workload.model, trainingjob.TrainingJob):
                 status = training_status(
-                    workload, plans, facts, just_bound, self.memory.reasons, self.supernode_of
+                    workload,
+                    plans,
+                    facts,
+                    just_bound,
+                    self.memory.reasons,
+                    self.supernode_of,
+                    self.memory.replicas.get(workload.key),
                 )
                 plural = trainingjob.PLURAL
             else:
@@ -483,11 +519,14 @@ def gang_state(present: Sequence[convert.PodFacts]) -> str:
     return "unplaced"
 
 
-def effective_replicas(workload: Workload) -> int:
-    """The replicas a TrainingJob runs now: spec.replicas, unless preemption shrank it."""
+def effective_replicas(workload: Workload, decided: int | None = None) -> int:
+    """The replicas a TrainingJob runs now: spec.replicas, unless preemption shrank it
+    (``decided`` this process's latest decision, else status.replicas.desired)."""
     assert isinstance(workload.model, trainingjob.TrainingJob)
     spec = workload.model.spec
-    shrunk = (workload.status.get("replicas") or {}).get("desired")
+    shrunk = (
+        decided if decided is not None else (workload.status.get("replicas") or {}).get("desired")
+    )
     if isinstance(shrunk, int) and spec.min_replicas <= shrunk < spec.replicas:
         return shrunk
     return spec.replicas
@@ -555,6 +594,7 @@ def training_status(
     just_bound: Mapping[model.PodKey, model.Assignment],
     reasons: Mapping[str, model.Reason],
     supernode_of: Mapping[str, str],
+    decided: int | None = None,
 ) -> dict[str, Any]:
     by_name = {p.name: p for p in facts}
     all_pods = [p for g in plans for p in g.pods]
@@ -591,7 +631,7 @@ def training_status(
         "observedGeneration": workload.generation,
         "phase": phase.value,
         "replicas": {
-            "desired": effective_replicas(workload),
+            "desired": effective_replicas(workload, decided),
             "bound": len(placed),
             "running": running,
         },
