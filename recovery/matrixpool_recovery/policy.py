@@ -4,7 +4,8 @@ copy to restore from, after a fault. Pure: no I/O, no clock.
 The operator calls ``decide`` with what it detected (``Fault``s), a snapshot of the job
 (``JobView``), the checkpoint copies the daemons report (``Copy``) and the free spare nodes
 (``Spares``); it carries the returned ``Plan`` out or marks the job Failed (``Failed``).
-``matrixpool sim`` and the chaos tests call it the same way. DESIGN.md, "Recovery contract".
+The operator's recovery wiring and the chaos tests are to call it this way (not wired yet).
+DESIGN.md, "Recovery contract".
 
 Rules (each a small named function below):
 

@@ -184,6 +184,7 @@ class Cycle:
         snapshot = engine.Snapshot.build(self.topologies, holdings(self.world))
         victims = self.victim_requests()
         bindings: list[Binding] = []
+        never: set[model.GangKey] = set()  # gangs that can never be served: they block nobody
         pending.sort(
             key=lambda p: (-p.gang.request.priority, p.workload.created, p.gang.request.gang)
         )
@@ -205,7 +206,9 @@ class Cycle:
                     self.preempted = True
                     return bindings  # the world changes; place again next cycle
             self.note_reason(item, verdict.reasons[0])
-        placed = {b.placement.gang for b in bindings}
+            if verdict.permanent:
+                never.add(item.gang.request.gang)
+        placed = {b.placement.gang for b in bindings} | never
         waiting = [p.gang.request.priority for p in pending if p.gang.request.gang not in placed]
         await self.grow(snapshot, max(waiting, default=None))
         return bindings
