@@ -71,42 +71,26 @@ class TestCluster:
     def kubectl(
         self, *args: str, input: str | None = None, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(
-            [cluster.kubectl_path(), *args],
-            input=input,
-            capture_output=True,
-            text=True,
-            env=self.env(),
-            check=False,
-        )
-        if check and result.returncode:
-            raise AssertionError(f"kubectl {' '.join(args)} failed:\n{result.stderr}")
-        return result
+        return self._run("kubectl", [cluster.kubectl_path(), *args], self.env(), input, check)
 
     def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(
-            [str(self.bin_dir / "helm"), *args],
-            capture_output=True,
-            text=True,
-            env=self.env(),
-            check=False,
-        )
-        if check and result.returncode:
-            raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stderr}")
-        return result
+        return self._run("helm", [str(self.bin_dir / "helm"), *args], self.env(), None, check)
 
     def matrixpool(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """The ``matrixpool`` CLI against this cluster."""
         env = {**self.env(), "MATRIXPOOL_CLUSTER_DIR": str(self.local.folder)}
+        argv = [sys.executable, "-m", "matrixpool.cli", *args]
+        return self._run("matrixpool", argv, env, None, check)
+
+    @staticmethod
+    def _run(
+        name: str, argv: list[str], env: dict[str, str], input: str | None, check: bool
+    ) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
-            [sys.executable, "-m", "matrixpool.cli", *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            check=False,
+            argv, input=input, capture_output=True, text=True, env=env, check=False
         )
         if check and result.returncode:
-            raise AssertionError(f"matrixpool {' '.join(args)} failed:\n{result.stderr}")
+            raise AssertionError(f"{name} {' '.join(argv[1:])} failed:\n{result.stderr}")
         return result
 
 

@@ -9,7 +9,6 @@ is the bin folder), the same one the Makefile and CI use.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -26,18 +25,6 @@ NAMESPACE = "matrixpool-system"
 KUBE_VERSION = "v1.30.0"
 
 Manifest = dict[str, Any]
-
-
-@pytest.fixture(scope="session")
-def helm_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """Keeps helm's cache, config and data out of the user's home."""
-    home = tmp_path_factory.mktemp("helm-home")
-    return {
-        **os.environ,
-        "HELM_CACHE_HOME": str(home / "cache"),
-        "HELM_CONFIG_HOME": str(home / "config"),
-        "HELM_DATA_HOME": str(home / "data"),
-    }
 
 
 class Helm:
@@ -69,16 +56,6 @@ class Helm:
         result = self.template(*sets)
         assert result.returncode == 0, result.stderr
         return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
-
-
-@pytest.fixture(scope="session")
-def helm(helm_env: dict[str, str]) -> Helm:
-    """The helm that tools/k8s/build.sh built (a cold build takes a while; then it is cached)."""
-    build = subprocess.run(
-        [str(ROOT / "tools" / "k8s" / "build.sh")], capture_output=True, text=True, check=True
-    )
-    bin_dir = Path(build.stdout.strip().splitlines()[-1])
-    return Helm(bin_dir / "helm", helm_env)
 
 
 def only(manifests: list[Manifest], kind: str) -> Manifest:

@@ -8,9 +8,6 @@ tools/k8s/build.sh builds and the Helm wrapper of test_chart.py.
 
 from __future__ import annotations
 
-import os
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,18 +17,6 @@ from tests.unit import test_chart as chart
 
 ENABLED = "checkpointDaemon.enabled=true"
 Manifest = dict[str, Any]
-
-
-@pytest.fixture(scope="session")
-def helm(tmp_path_factory: pytest.TempPathFactory) -> chart.Helm:
-    """helm from tools/k8s/build.sh, its cache and config in a temporary home."""
-    home = tmp_path_factory.mktemp("helm-home-checkpoint")
-    build = subprocess.run(
-        [str(chart.ROOT / "tools" / "k8s" / "build.sh")], capture_output=True, text=True, check=True
-    )
-    bin_dir = Path(build.stdout.strip().splitlines()[-1])
-    env = {f"HELM_{kind}_HOME": str(home / kind.lower()) for kind in ("CACHE", "CONFIG", "DATA")}
-    return chart.Helm(bin_dir / "helm", {**os.environ, **env})
 
 
 def daemonset(manifests: list[Manifest]) -> Manifest:

@@ -9,11 +9,8 @@ helm binary comes from tools/k8s/build.sh, wrapped by test_chart.py's Helm.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -152,18 +149,6 @@ def test_the_supernode_panels_follow_the_variable() -> None:
     for where, expr in queries():
         if "matrixpool_supernode_" in expr and where.startswith("panel"):
             assert 'supernode=~"$supernode"' in expr, where
-
-
-@pytest.fixture(scope="module")
-def helm(tmp_path_factory: pytest.TempPathFactory) -> chart.Helm:
-    """helm from tools/k8s/build.sh, its cache and config in a temporary home."""
-    home = tmp_path_factory.mktemp("helm-home-dashboard")
-    build = subprocess.run(
-        [str(chart.ROOT / "tools" / "k8s" / "build.sh")], capture_output=True, text=True, check=True
-    )
-    bin_dir = Path(build.stdout.strip().splitlines()[-1])
-    env = {f"HELM_{kind}_HOME": str(home / kind.lower()) for kind in ("CACHE", "CONFIG", "DATA")}
-    return chart.Helm(bin_dir / "helm", {**os.environ, **env})
 
 
 def test_the_chart_ships_no_dashboard_by_default(helm: chart.Helm) -> None:

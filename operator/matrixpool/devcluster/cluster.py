@@ -23,7 +23,6 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -523,9 +522,3 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
     elif path.exists():
         path.unlink()
-
-
-def parallel(items: list[Any], action: Callable[[Any], Any], workers: int = 16) -> list[Any]:
-    """Run ``action`` over ``items`` on a thread pool; re-raise the first error."""
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(action, items))

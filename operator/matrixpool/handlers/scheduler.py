@@ -50,7 +50,6 @@ class Memory:
     """What the cycle remembers between runs (all of it can be lost safely)."""
 
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    last_run: float = -1e9
     reasons: dict[str, model.Reason] = field(default_factory=dict)  # gang → why it waits
     expert_maps: dict[str, str] = field(default_factory=dict)  # configmap → content written
     statuses: dict[str, dict[str, Any]] = field(default_factory=dict)  # workload → last patch
@@ -63,7 +62,6 @@ MEMORY = Memory()
 async def run_cycle(world_reader: Any) -> None:
     """Run one cycle; ``world_reader()`` → World. Serialized by a lock, as a safety net."""
     async with MEMORY.lock:
-        MEMORY.last_run = clock.SYSTEM.monotonic()
         with metrics.CYCLE_SECONDS.time():
             await Cycle(world_reader(), MEMORY).run()
 
@@ -75,6 +73,7 @@ class Cycle:
         self.world = world
         self.memory = memory
         self.preempted = False
+        self.by_gang: dict[model.GangKey, tuple[Workload, gangs.Gang]] = {}  # set by run()
         self.topologies = topologies(world)
         self.supernode_of: dict[str, str] = {
             str(n.name): t.name for t in self.topologies for n in t.nodes
@@ -83,6 +82,8 @@ class Cycle:
 
     async def run(self) -> None:
         wanted = {w.key: self.gangs_of(w) for w in self.world.workloads if w.model}  # phase 2
+        by_key = {w.key: w for w in self.world.workloads}
+        self.by_gang = {g.request.gang: (by_key[key], g) for key, gs in wanted.items() for g in gs}
         await self.reconcile_pods(wanted)  # phase 3
         pending = await self.finish_half_bound(wanted)  # phase 4
         bindings = await self.place(pending)  # phase 5
@@ -182,7 +183,7 @@ class Cycle:
 
     async def place(self, pending: list[Pending]) -> list[Binding]:
         snapshot = engine.Snapshot.build(self.topologies, holdings(self.world))
-        victims = self.victim_requests()
+        victims = {key: gang.request for key, (_, gang) in self.by_gang.items()}
         bindings: list[Binding] = []
         never: set[model.GangKey] = set()  # gangs that can never be served: they block nobody
         pending.sort(
@@ -240,27 +241,12 @@ class Cycle:
             log.info("gang waits", gang=key, reason=reason.code, message=reason.message)
         self.memory.reasons[key] = reason
 
-    def victim_requests(self) -> dict[model.GangKey, model.GangRequest]:
-        requests: dict[model.GangKey, model.GangRequest] = {}
-        for workload in self.world.workloads:
-            if workload.model is None:
-                continue
-            for gang in self.gangs_of(workload):
-                requests[gang.request.gang] = gang.request
-        return requests
-
     async def preempt(self, item: Pending, plan: model.Preemption) -> None:
         """Ask victims to checkpoint, then shrink elastic gangs and evict the rest."""
         request_id = uuid.uuid4().hex[:12]
-        by_gang = {
-            g.request.gang: (w, g)
-            for w in self.world.workloads
-            if w.model
-            for g in self.gangs_of(w)
-        }
         doomed: list[tuple[str, str]] = []
         for key, keep in plan.shrink.items():
-            workload, gang = by_gang[key]
+            workload, gang = self.by_gang[key]
             per = max(1, len(gang.pods) // max(1, self.effective(workload)))
             doomed += [(p.namespace, p.name) for p in gang.pods[keep:]]
             await self.set_replicas(workload, keep // per)
@@ -272,7 +258,7 @@ class Cycle:
                 f"(priority {item.gang.request.priority})",
             )
         for key in plan.evict:
-            workload, gang = by_gang[key]
+            workload, gang = self.by_gang[key]
             doomed += [(p.namespace, p.name) for p in gang.pods]
             self.memory.statuses.pop(workload.key, None)
             await self.mark_preempted(workload, item)

@@ -85,21 +85,24 @@ class Facts:
 
     @classmethod
     def collect(cls, world: scheduler.World) -> Facts:
+        """One pass over the gang pods, one selector per supernode."""
+        ours: dict[str, int] = {}  # node → cards held by matrixpool's pods
+        for facts in world.pods.values():
+            for pod in facts:
+                if pod.holds_cards:
+                    node = pod.node or pod.reserved_node or ""
+                    ours[node] = ours.get(node, 0) + len(pod.cards)
         held = {node: dict(resources) for node, resources in world.foreign.items()}
-        for sn in world.supernodes.values():
-            selector = inventory.Selector.from_spec(common.to_wire(sn.spec.node_selector))
-            members = {n.name for n in inventory.members(selector, world.nodes)}
-            for facts in world.pods.values():
-                for pod in facts:
-                    node = pod.node or pod.reserved_node
-                    if pod.holds_cards and node in members:
-                        by_resource = held.setdefault(node or "", {})
-                        resource = sn.spec.card_resource
-                        by_resource[resource] = by_resource.get(resource, 0) + len(pod.cards)
         selectors = {
             name: inventory.Selector.from_spec(common.to_wire(sn.spec.node_selector))
             for name, sn in world.supernodes.items()
         }
+        for name, sn in world.supernodes.items():
+            resource = sn.spec.card_resource
+            for member in inventory.members(selectors[name], world.nodes):
+                if member.name in ours:
+                    by_resource = held.setdefault(member.name, {})
+                    by_resource[resource] = by_resource.get(resource, 0) + ours[member.name]
         return cls(nodes=world.nodes, held=held, selectors=selectors)
 
     @staticmethod

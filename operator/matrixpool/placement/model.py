@@ -106,9 +106,7 @@ class Placement:
 
     @property
     def supernodes(self) -> tuple[str, ...]:
-        return tuple(
-            sorted({a.supernode or a.node.rsplit("-node-", 1)[0] for a in self.assignments})
-        )
+        return tuple(sorted({a.supernode for a in self.assignments}))
 
 
 @dataclass(frozen=True)
