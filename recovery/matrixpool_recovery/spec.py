@@ -37,6 +37,15 @@ class CheckpointSpec:
         }
         return tuple(t for t in TIERS if (every := cadence[t]) is not None and step % every == 0)
 
+    def configured(self) -> tuple[str, ...]:
+        """Every tier this job uses: what a save the operator asked for reaches at once."""
+        cadence = {
+            MEMORY: self.memory_every,
+            LOCAL: self.local_every,
+            PERSISTENT: self.persistent_every if self.persistent_uri else None,
+        }
+        return tuple(t for t in TIERS if cadence[t] is not None)
+
     @classmethod
     def from_job(cls, checkpoint: Mapping[str, Any]) -> CheckpointSpec:
         """From the TrainingJob's spec.checkpoint as the API returns it (camelCase)."""

@@ -17,6 +17,7 @@ RACK = _P + "rack"  # node label: the rack of a node (the usual first topology k
 
 # --- node annotations --------------------------------------------------------------------
 UNHEALTHY_CARDS = _P + "unhealthy-cards"  # node annotation: "3,5", cards not to be used
+CKPT_ENDPOINT = _P + "ckpt-endpoint"  # node annotation: "host:port" of the checkpoint daemon
 
 # --- pod labels ----------------------------------------------------------------------------
 JOB = _P + "job"  # pod label: name of the TrainingJob or InferenceService owning the pod
@@ -28,6 +29,7 @@ RANK = _P + "rank"  # pod label: rank of the pod within its gang, "0".."n-1"
 # --- pod annotations -----------------------------------------------------------------------
 CARDS = _P + "cards"  # pod annotation: "0,1,2,3", the cards bound to the pod on its node
 CHECKPOINT_REQUEST = _P + "checkpoint-request"  # pod annotation: id of a requested checkpoint
+RESTORE = _P + "restore"  # pod annotation: JSON {"step", "from", "recovery"}: what to restore
 
 # --- pod scheduling and environment ----------------------------------------------------------
 SCHEDULER_NAME = "matrixpool"  # schedulerName of every gang pod; kube-scheduler ignores them

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from matrixpool import checkpoints
 from matrixpool.api import labels
 from matrixpool.k8s import client as k8s_client
 from matrixpool_recovery import peers as peer_policy
@@ -35,8 +36,8 @@ from matrixpool_recovery import policy
 
 PERIOD = 0.5  # seconds between reconciliations
 PORT = 7040  # every daemon listens on this port of its own loopback address
-ENDPOINT_ANNOTATION = "matrixpool.dev/ckpt-endpoint"
-RESTORE_ANNOTATION = "matrixpool.dev/restore"
+ENDPOINT_ANNOTATION = labels.CKPT_ENDPOINT
+DAEMON_FAULT_ANNOTATION = "matrixpool.dev/fault-daemon"  # "down": the node's daemon is killed
 
 
 @dataclass
@@ -74,6 +75,7 @@ class Sim:
     addresses: dict[str, str] = field(default_factory=dict)  # node → loopback address
     peers: dict[str, tuple[str, ...]] = field(default_factory=dict)  # node → peer nodes
     published: set[str] = field(default_factory=set)  # nodes whose endpoint is on the Node
+    annotations: dict[str, str] = field(default_factory=dict)  # pod uid -> file content written
 
     def __post_init__(self) -> None:
         self.api = k8s_client.from_kubeconfig(self.kubeconfig)
@@ -99,10 +101,13 @@ class Sim:
         """1 nodes and their daemons, 2 endpoints on the Nodes, 3 tier-1 peers, 4 trainers."""
         nodes = self.nodes()
         healthy = {name for name, node in nodes.items() if _ready(node)}
+        serving = {name for name in healthy if not _daemon_down(nodes[name])}
         for name in list(self.daemons):
             if name not in healthy or not self.daemons[name].alive():
                 self.lose_node(name)
-        for name in sorted(healthy - set(self.daemons)):
+            elif name not in serving:
+                self.lose_daemon(name)
+        for name in sorted(serving - set(self.daemons)):
             self.start_daemon(name)
         self.publish(nodes)
         self.assign_peers(nodes, healthy)
@@ -176,6 +181,10 @@ class Sim:
             if trainer.log.name.startswith(f"{node}."):
                 trainer.kill()
                 del self.trainers[uid]
+        self.lose_daemon(node)
+
+    def lose_daemon(self, node: str) -> None:
+        """The daemon dies (its memory with it); the node's trainers run on, unable to save."""
         self.daemons.pop(node).kill()
         shutil.rmtree(self.folder / "memory" / node, ignore_errors=True)
         self.peers.pop(node, None)
@@ -190,7 +199,8 @@ class Sim:
         for name in healthy:
             supernode = (nodes[name].metadata.labels or {}).get(labels.SUPERNODE, "")
             by_supernode.setdefault(supernode, []).append(name)
-        for members in by_supernode.values():
+        for all_members in by_supernode.values():
+            members = [n for n in all_members if n in self.daemons]
             plan = peer_policy.assign_peers(
                 {policy.NodeName(n): (0,) for n in members},
                 {policy.NodeName(n): racks[n] for n in members},
@@ -214,6 +224,9 @@ class Sim:
     # ---- phase 3: trainers -------------------------------------------------------------------
 
     def reconcile_trainers(self, healthy: set[str]) -> None:
+        """A trainer per Running pod on a healthy node; a trainer that exits on its own fails
+        its pod (the kubelet's part, restartPolicy Never); each trainer sees its pod's
+        annotations in a file, as a downward-API volume would show them."""
         pods = self.api.core.list_pod_for_all_namespaces(
             label_selector=f"{labels.KIND}=TrainingJob"
         ).items
@@ -225,19 +238,56 @@ class Sim:
             and not p.metadata.deletion_timestamp
         }
         for uid in list(self.trainers):
-            if uid not in wanted or not self.trainers[uid].alive():
+            trainer = self.trainers[uid]
+            if uid in wanted and not trainer.alive():
+                self.fail_pod(wanted.pop(uid), trainer)
+            if uid not in wanted or not trainer.alive():
                 self.trainers.pop(uid).kill()
+                self.annotations.pop(uid, None)
         jobs: dict[tuple[str, str], list[Any]] = {}
         for pod in pods:
             key = (pod.metadata.namespace, pod.metadata.labels.get(labels.JOB, ""))
             if not pod.metadata.deletion_timestamp:
                 jobs.setdefault(key, []).append(pod)
         for uid, pod in wanted.items():
+            self.write_annotations(pod)
             daemon = self.daemons.get(pod.spec.node_name)
             if uid not in self.trainers and daemon is not None and daemon.ready():
                 self.start_trainer(
                     pod, jobs[(pod.metadata.namespace, pod.metadata.labels[labels.JOB])]
                 )
+
+    def annotations_file(self, uid: str) -> Path:
+        return self.folder / "annotations" / uid
+
+    def write_annotations(self, pod: Any) -> None:
+        """The pod's annotations as ``key="value"`` lines (the downward API's format)."""
+        annotations = pod.metadata.annotations or {}
+        content = "".join(f"{k}={json.dumps(v)}\n" for k, v in sorted(annotations.items()))
+        uid = pod.metadata.uid
+        if self.annotations.get(uid) == content:
+            return
+        path = self.annotations_file(uid)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(".tmp")
+        temporary.write_text(content)
+        temporary.replace(path)
+        self.annotations[uid] = content
+
+    def fail_pod(self, pod: Any, trainer: Process) -> None:
+        """The trainer died: the pod fails, as a kubelet reports a container that exited."""
+        code = trainer.popen.returncode
+        status = {
+            "phase": "Failed",
+            "reason": "Error",
+            "message": f"trainer exited with code {code} (log {trainer.log.name})",
+        }
+        try:
+            self.api.core.patch_namespaced_pod_status(
+                pod.metadata.name, pod.metadata.namespace, {"status": status}
+            )
+        except Exception as error:  # the pod may be gone already
+            print(f"sim: could not fail pod {pod.metadata.name}: {error}", file=sys.stderr)
 
     def start_trainer(self, pod: Any, gang: list[Any]) -> None:
         namespace, job = pod.metadata.namespace, pod.metadata.labels[labels.JOB]
@@ -246,23 +296,35 @@ class Sim:
         )
         checkpoint = (body.get("spec") or {}).get("checkpoint") or {"memory": {"everySteps": 1}}
         others = sorted({p.spec.node_name for p in gang if p.spec.node_name} - {pod.spec.node_name})
+        restore = (pod.metadata.annotations or {}).get(labels.RESTORE, "")
         env = {
-            "MATRIXPOOL_JOB": f"{namespace}.{job}",
+            "MATRIXPOOL_JOB": checkpoints.job_id(namespace, job),
             "MATRIXPOOL_RANK": pod.metadata.labels[labels.RANK],
-            "MATRIXPOOL_WORLD_SIZE": str(len(gang)),
+            "MATRIXPOOL_WORLD_SIZE": str(_world_size(gang)),
             "MATRIXPOOL_CKPT_DAEMON": self.endpoint(pod.spec.node_name),
             "MATRIXPOOL_CKPT_TOKEN": self.token,
             "MATRIXPOOL_CKPT_PEERS": ",".join(self.endpoint(n) for n in others),
             "MATRIXPOOL_CHECKPOINT": json.dumps(checkpoint),
-            "MATRIXPOOL_RESTORE": (pod.metadata.annotations or {}).get(RESTORE_ANNOTATION, ""),
+            "MATRIXPOOL_RESTORE": restore,
+            "MATRIXPOOL_ANNOTATIONS_FILE": str(self.annotations_file(pod.metadata.uid)),
             "MATRIXPOOL_SIM_STEP_SECONDS": str(self.step_seconds),
             "MATRIXPOOL_SIM_STATE_BYTES": str(self.state_bytes),
         }
         log = self.folder / "trainers" / f"{pod.spec.node_name}.{namespace}.{pod.metadata.name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        self.trainers[pod.metadata.uid] = _spawn(
-            [sys.executable, "-m", "matrixpool.devcluster.trainer"], log, env
-        )
+        trainer = _spawn([sys.executable, "-m", "matrixpool.devcluster.trainer"], log, env)
+        self.trainers[pod.metadata.uid] = trainer
+        log.with_suffix(".pid").write_text(str(trainer.popen.pid))
+
+
+def _world_size(gang: list[Any]) -> int:
+    """Ranks of the job, as its live pods tell (status.replicas would lag a shrink)."""
+    ranks = {p.metadata.labels.get(labels.RANK) for p in gang}
+    return max(len(ranks), 1)
+
+
+def _daemon_down(node: Any) -> bool:
+    return (node.metadata.annotations or {}).get(DAEMON_FAULT_ANNOTATION) == "down"
 
 
 def _ready(node: Any) -> bool:

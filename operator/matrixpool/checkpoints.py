@@ -1,0 +1,174 @@
+"""What the operator knows of a job's checkpoints: it asks the node checkpoint daemons
+(``GET /v1/inventory?job=J`` on the endpoint each Node publishes as annotation
+``matrixpool.dev/ckpt-endpoint``) and reads the tier-3 manifests at the job's persistent URI when
+the operator can reach it (``file://`` mounted in the operator). Used by the recovery controller
+(which copies survive a fault) and by the time-sharing transitions (did the job answer a
+checkpoint request; which step to resume from).
+
+The daemons want the shared token: ``MATRIXPOOL_CKPT_TOKEN`` or ``MATRIXPOOL_CKPT_TOKEN_FILE``
+(the chart mounts the daemons' Secret). Without a token the operator sees no daemon.
+
+Also the codec of the pod annotation ``matrixpool.dev/restore`` that tells a rank what to
+restore: ``{"step": 120, "from": ["10.0.0.7:7040"], "recovery": "r3"}`` — the step (or absent for
+"the newest committed"), the daemons that hold copies (beyond the rank's own node daemon), and
+the id of the recovery or resume that asked (a new id makes the trainers reload, even at the
+same step).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from matrixpool_recovery import errors, files, manifest, wire
+
+PROBE_TIMEOUT = 1.0  # seconds for one healthz or inventory request
+MAX_PARALLEL = 32  # daemons asked at once
+
+
+def job_id(namespace: str, name: str) -> str:
+    """The job name trainers checkpoint under (MATRIXPOOL_JOB): ``<namespace>.<name>``."""
+    return f"{namespace}.{name}"
+
+
+def token() -> str | None:
+    """The daemons' shared token, from the environment, or None."""
+    if value := os.environ.get("MATRIXPOOL_CKPT_TOKEN"):
+        return value
+    path = os.environ.get("MATRIXPOOL_CKPT_TOKEN_FILE")
+    if path and Path(path).exists():
+        return Path(path).read_text().strip() or None
+    return None
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """Every copy of one job that the reachable daemons and the persistent URI hold."""
+
+    holdings: tuple[manifest.Holding, ...] = ()
+    endpoints: Mapping[str, str] = field(default_factory=dict)  # node -> endpoint asked
+    unreachable: frozenset[str] = frozenset()  # nodes whose daemon did not answer
+
+    def newest_complete(self, world_size: int, tier: str | None = None) -> int | None:
+        """The newest step every rank holds (on one tier, or on any)."""
+        return manifest.newest_complete(self.holdings, world_size, tier)
+
+    def committed(self, world_size: int) -> dict[str, int | None]:
+        """Per tier (memory, local, persistent): the newest step committed for every rank."""
+        return manifest.committed(self.holdings, world_size, ("memory", "local", "persistent"))
+
+    def holders(self, step: int) -> list[str]:
+        """Endpoints of the daemons holding any shard of ``step``, sorted."""
+        nodes = {h.node for h in self.holdings if h.step == step and h.node}
+        return sorted(self.endpoints[n] for n in nodes if n in self.endpoints)
+
+
+async def inventory(
+    job: str,
+    endpoints: Mapping[str, str],
+    persistent_uri: str | None = None,
+    secret: str | None = None,
+) -> Inventory:
+    """Ask every daemon in ``endpoints`` (node -> host:port) what it holds of ``job``."""
+    secret = secret if secret is not None else token()
+    limit = asyncio.Semaphore(MAX_PARALLEL)
+
+    async def ask(node: str, address: str) -> tuple[str, list[manifest.Holding] | None]:
+        if secret is None:
+            return node, None
+        async with limit:
+            return node, await asyncio.to_thread(_inventory_of, address, secret, job)
+
+    answers = await asyncio.gather(*(ask(n, a) for n, a in sorted(endpoints.items())))
+    found = [h for _, held in answers if held for h in held]
+    unreachable = frozenset(n for n, held in answers if held is None)
+    if persistent_uri:
+        found += await asyncio.to_thread(_persistent, job, persistent_uri)
+    return Inventory(tuple(found), dict(endpoints), unreachable)
+
+
+def _inventory_of(address: str, secret: str, job: str) -> list[manifest.Holding] | None:
+    endpoint = wire.Endpoint(address, secret, timeout=PROBE_TIMEOUT)
+    try:
+        answer = wire.request(endpoint, "GET", f"/v1/inventory?job={job}")
+    except (errors.CheckpointError, OSError, ValueError):
+        return None
+    return [manifest.Holding.from_json(s) for s in answer["shards"]]
+
+
+def _persistent(job: str, uri: str) -> list[manifest.Holding]:
+    """Tier-3 copies, when the URI is a file:// path this process can read; else none."""
+    try:
+        store = files.Persistent(uri, keep=1)
+        return [h for m in store.manifests(job) for h in manifest.holdings(m)]
+    except (errors.CheckpointError, OSError, ValueError):
+        return []
+
+
+async def probe(endpoints: Mapping[str, str]) -> dict[str, bool]:
+    """Node -> whether its daemon answers ``/v1/healthz`` within PROBE_TIMEOUT."""
+    limit = asyncio.Semaphore(MAX_PARALLEL)
+
+    async def one(node: str, address: str) -> tuple[str, bool]:
+        async with limit:
+            return node, await asyncio.to_thread(_healthy, address)
+
+    return dict(await asyncio.gather(*(one(n, a) for n, a in sorted(endpoints.items()))))
+
+
+def _healthy(address: str) -> bool:
+    try:
+        wire.request(wire.Endpoint(address, "", timeout=PROBE_TIMEOUT), "GET", "/v1/healthz")
+    except (errors.CheckpointError, OSError, ValueError):
+        return False
+    return True
+
+
+# --- the matrixpool.dev/restore annotation ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Restore:
+    """What a rank restores: ``step`` None means the newest step committed for every rank."""
+
+    step: int | None
+    sources: tuple[str, ...] = ()  # daemon endpoints holding copies, beyond the rank's own
+    recovery: str = ""  # id of the recovery or resume that asked
+
+
+def restore_value(step: int | None, sources: Iterable[str] = (), recovery_id: str = "") -> str:
+    """The annotation value for a rank to restore ``step`` from ``sources``."""
+    body: dict[str, object] = {"from": sorted(set(sources))}
+    if step is not None:
+        body["step"] = step
+    if recovery_id:
+        body["recovery"] = recovery_id
+    return json.dumps(body, separators=(",", ":"), sort_keys=True)
+
+
+def parse_restore(value: str | None) -> Restore | None:
+    """The annotation read back; also accepts the plain forms ``latest`` and ``<step>``."""
+    if not value:
+        return None
+    text = value.strip()
+    if text == "latest":
+        return Restore(None)
+    if text.isdigit():
+        return Restore(int(text))
+    try:
+        body = json.loads(text)
+    except ValueError as err:
+        raise ValueError(f"{value!r} is not JSON, 'latest' or a step") from err
+    if not isinstance(body, dict):
+        raise ValueError(f"{value!r} is not a JSON object")
+    step = body.get("step")
+    if step is not None and (not isinstance(step, int) or step < 0):
+        raise ValueError(f"restore step {step!r} must be a whole number >= 0")
+    sources = body.get("from") or []
+    if not isinstance(sources, list) or not all(isinstance(s, str) for s in sources):
+        raise ValueError("restore 'from' must be a list of host:port strings")
+    return Restore(step, tuple(sources), str(body.get("recovery") or ""))
