@@ -39,6 +39,25 @@ CYCLE_SECONDS = Histogram(
 )
 
 
+TIMESHARE_TRANSITIONS = Counter(
+    "matrixpool_timeshare_transitions_total",
+    "Time-sharing transitions carried out (new split in place), by supernode and window.",
+    ["supernode", "window"],
+)
+TIMESHARE_TRANSITION_SECONDS = Histogram(
+    "matrixpool_timeshare_transition_seconds",
+    "Seconds from a window boundary to the new split in place, by phase (total, checkpoint, "
+    "eviction, placement).",
+    ["supernode", "phase"],
+    buckets=(0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300),
+)
+TIMESHARE_CHECKPOINTS = Counter(
+    "matrixpool_timeshare_checkpoint_requests_total",
+    "Checkpoint requests before time-sharing evictions, by outcome (asked, answered, expired).",
+    ["outcome"],
+)
+
+
 def serve(port: int) -> None:
     """Serve /metrics on ``port`` (0: not at all); a port in use is logged, not fatal."""
     if port <= 0:

@@ -196,6 +196,36 @@ class CardCounts(common.ApiModel):
     """Cards marked unhealthy or on nodes that are not ready."""
     spare: common.Count = 0
     """Healthy cards on the spare nodes."""
+    inference: common.Count = 0
+    """Of the allocated cards, those held by InferenceService pods."""
+    training: common.Count = 0
+    """Of the allocated cards, those held by TrainingJob pods."""
+    free: common.Count = 0
+    """Allocatable cards no pod holds."""
+
+
+class Transition(common.ApiModel):
+    """A move of the pool to a new split between inference and training (time-sharing)."""
+
+    window: str | None = Field(default=None, max_length=63)
+    """The window the new split is for."""
+    started_at: datetime
+    """The window boundary (or when capacity or workloads changed the split)."""
+    settled_at: datetime | None = None
+    """When the new split was in place: every workload at its target, all bound, none
+    terminating; absent while under way."""
+    inference_cards: common.Count = 0
+    """Cards the new split gives inference."""
+    training_cards: common.Count = 0
+    """Cards the new split gives training."""
+    seconds: float | None = Field(default=None, ge=0)
+    """Boundary to new split in place, in real seconds."""
+    checkpoint_seconds: float | None = Field(default=None, ge=0)
+    """Of which: waiting for training to answer its checkpoint requests."""
+    eviction_seconds: float | None = Field(default=None, ge=0)
+    """Of which: evicted pods deleted and gone."""
+    placement_seconds: float | None = Field(default=None, ge=0)
+    """Of which: the grown workloads placed and bound."""
 
 
 class SuperNodeStatus(common.ApiModel):
@@ -213,6 +243,8 @@ class SuperNodeStatus(common.ApiModel):
     """Name of the current time-sharing window; absent without time-sharing."""
     next_transition: datetime | None = None
     """When the next window starts."""
+    transition: Transition | None = None
+    """The latest transition between splits (under way or settled); absent without one."""
     conditions: list[common.Condition] = common.conditions_field()
     """Conditions, among them Ready."""
 

@@ -179,6 +179,60 @@ class ReplicaCounts(common.ApiModel):
     """Ranks whose pod is running."""
 
 
+class CheckpointRequest(common.ApiModel):
+    """A checkpoint asked of the job before time-sharing takes running pods from it."""
+
+    id: str = Field(max_length=63)
+    """The value of the pods' matrixpool.dev/checkpoint-request annotation."""
+    requested_at: datetime
+    """When it was asked; the pods go at the latest checkpointGraceSeconds later."""
+    baseline_step: int | None = Field(default=None, ge=0)
+    """Newest step committed for every rank when it was asked; the answer is a newer one."""
+    replicas: int = Field(ge=0)
+    """Replicas the job keeps afterwards (0: suspended)."""
+    window: str | None = Field(default=None, max_length=63)
+    """The time-sharing window that asked."""
+    evicted_at: datetime | None = None
+    """When the job was let go (answered or out of grace): its pods above ``replicas`` are
+    being deleted."""
+
+
+class Suspension(common.ApiModel):
+    """One suspension of the job by time-sharing, and its resume."""
+
+    request_id: str = Field(max_length=63)
+    """The checkpoint request that preceded it."""
+    window: str | None = Field(default=None, max_length=63)
+    """The window that suspended the job."""
+    reason: str = Field(default="", max_length=63)
+    """OutsideWindows (spec.windows) or InsufficientCards (the window's share is too small)."""
+    suspended_at: datetime
+    """When the pods were evicted."""
+    world_size: int = Field(default=0, ge=0)
+    """Pods (ranks) the job had when it was suspended."""
+    step: int | None = Field(default=None, ge=0)
+    """Newest step committed for every rank at eviction: the step it resumes from."""
+    answered: bool = False
+    """Whether the job committed a new step within checkpointGraceSeconds."""
+    checkpoint_seconds: float = Field(default=0.0, ge=0)
+    """Seconds from the checkpoint request to the answer (or the deadline)."""
+    lost_steps: int | None = Field(default=None, ge=0)
+    """Unanswered: steps some rank stored beyond ``step`` (a lower bound of the work lost)."""
+    resumed_at: datetime | None = None
+    """When every pod was bound again; absent while suspended."""
+    restored_step: int | None = Field(default=None, ge=0)
+    """The step the resumed pods were told to restore (annotation matrixpool.dev/restore)."""
+
+
+class TimeSharingStatus(common.ApiModel):
+    """The job under the time-sharing of its SuperNode."""
+
+    checkpoint_request: CheckpointRequest | None = None
+    """The checkpoint request under way, if any."""
+    suspensions: list[Suspension] = Field(default_factory=list, max_length=32)
+    """The latest suspensions, oldest first."""
+
+
 class CheckpointSteps(common.ApiModel):
     """Newest step complete for every rank, per tier; absent: none yet."""
 
@@ -220,6 +274,8 @@ class TrainingJobStatus(common.ApiModel):
     """Lifecycle phase."""
     replicas: ReplicaCounts = Field(default_factory=ReplicaCounts)
     """Rank counts."""
+    time_sharing: TimeSharingStatus = Field(default_factory=TimeSharingStatus)
+    """Checkpoint requests and suspensions by the SuperNode's time-sharing windows."""
     placement: common.PlacementStatus = Field(default_factory=common.PlacementStatus)
     """Where the gang is bound."""
     checkpoints: CheckpointSteps = Field(default_factory=CheckpointSteps)

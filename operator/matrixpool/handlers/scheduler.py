@@ -26,6 +26,7 @@ import structlog
 
 from matrixpool import clock, metrics
 from matrixpool.api import common, inferenceservice, labels, supernode, trainingjob
+from matrixpool.handlers import timeshare
 from matrixpool.handlers.workloads import Workload
 from matrixpool.k8s import configmaps, convert, pods
 from matrixpool.k8s import status as k8s_status
@@ -74,6 +75,7 @@ class Cycle:
         self.memory = memory
         self.preempted = False
         self.by_gang: dict[model.GangKey, tuple[Workload, gangs.Gang]] = {}  # set by run()
+        self.shares = timeshare.Shares()  # time-sharing allowances, set by run()
         self.topologies = topologies(world)
         self.supernode_of: dict[str, str] = {
             str(n.name): t.name for t in self.topologies for n in t.nodes
@@ -81,6 +83,7 @@ class Cycle:
         self.sizes = {t.name: max((n.cards for n in t.nodes), default=0) for t in self.topologies}
 
     async def run(self) -> None:
+        self.shares = await timeshare.share(self.world, self.sizes, self.supernode_of)  # 1b
         wanted = {w.key: self.gangs_of(w) for w in self.world.workloads if w.model}  # phase 2
         by_key = {w.key: w for w in self.world.workloads}
         self.by_gang = {g.request.gang: (by_key[key], g) for key, gs in wanted.items() for g in gs}
@@ -99,9 +102,16 @@ class Cycle:
             spec = workload.model.spec
             size = self.sizes.get(spec.super_node or "") or max(self.sizes.values(), default=0)
             replicas = self.effective(workload)
+            if replicas == 0:
+                return []  # suspended by a time-sharing window
             return [gangs.training_gang(workload.namespace, workload.name, spec, size, replicas)]
         assert isinstance(workload.model, inferenceservice.InferenceService)
-        return gangs.inference_gangs(workload.namespace, workload.name, workload.model.spec)
+        return gangs.inference_gangs(
+            workload.namespace,
+            workload.name,
+            workload.model.spec,
+            replicas=self.shares.inference.get(workload.key),  # None: not time-shared
+        )
 
     # ---- phase 3: pods exist exactly for the wanted gangs ----------------------------------
 
@@ -221,6 +231,8 @@ class Cycle:
             if not isinstance(workload.model, trainingjob.TrainingJob):
                 continue
             spec = workload.model.spec
+            if self.shares.governs(workload.key):
+                continue  # time-sharing grows it (handlers.timeshare)
             if self.effective(workload) >= spec.replicas:
                 continue
             if waiting is not None and waiting >= spec.priority:
@@ -282,6 +294,8 @@ class Cycle:
         )
 
     def effective(self, workload: Workload) -> int:
+        if workload.key in self.shares.training:  # time-sharing decides (handlers.timeshare)
+            return self.shares.training[workload.key]
         return effective_replicas(workload, self.memory.replicas.get(workload.key))
 
     async def set_replicas(self, workload: Workload, replicas: int) -> None:
@@ -371,6 +385,7 @@ class Cycle:
                     self.supernode_of,
                     self.memory.replicas.get(workload.key),
                 )
+                status = self.shares.amend(workload.key, status)  # time-sharing phase, desired
                 plural = trainingjob.PLURAL
             else:
                 status = await self.inference_status(workload, plans, facts, just_bound)

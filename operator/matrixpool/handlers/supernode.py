@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import kopf
@@ -18,8 +18,8 @@ import pydantic
 import structlog
 
 from matrixpool import api, clock, metrics
-from matrixpool.api import common, supernode
-from matrixpool.handlers import scheduler
+from matrixpool.api import common, inferenceservice, supernode, trainingjob
+from matrixpool.handlers import scheduler, timeshare
 from matrixpool.k8s import convert
 from matrixpool.k8s import status as k8s_status
 from matrixpool.placement import inventory
@@ -82,16 +82,20 @@ class Facts:
     nodes: list[inventory.NodeInfo]
     held: dict[str, dict[str, int]]  # node name → cards (by resource) held by live pods
     selectors: dict[str, inventory.Selector]  # supernode name → selector
+    kinds: dict[str, dict[str, int]] = field(default_factory=dict)  # node → kind → cards held
 
     @classmethod
     def collect(cls, world: scheduler.World) -> Facts:
         """One pass over the gang pods, one selector per supernode."""
         ours: dict[str, int] = {}  # node → cards held by matrixpool's pods
+        kinds: dict[str, dict[str, int]] = {}
         for facts in world.pods.values():
             for pod in facts:
                 if pod.holds_cards:
                     node = pod.node or pod.reserved_node or ""
                     ours[node] = ours.get(node, 0) + len(pod.cards)
+                    by_kind = kinds.setdefault(node, {})
+                    by_kind[pod.kind] = by_kind.get(pod.kind, 0) + len(pod.cards)
         held = {node: dict(resources) for node, resources in world.foreign.items()}
         selectors = {
             name: inventory.Selector.from_spec(common.to_wire(sn.spec.node_selector))
@@ -103,7 +107,7 @@ class Facts:
                 if member.name in ours:
                     by_resource = held.setdefault(member.name, {})
                     by_resource[resource] = by_resource.get(resource, 0) + ours[member.name]
-        return cls(nodes=world.nodes, held=held, selectors=selectors)
+        return cls(nodes=world.nodes, held=held, selectors=selectors, kinds=kinds)
 
     @staticmethod
     def sum_held(pods: kopf.Index[str, dict[str, int]]) -> dict[str, dict[str, int]]:
@@ -143,14 +147,32 @@ def desired_status(name: str, sn: supernode.SuperNode, facts: Facts) -> dict[str
                 allocated=summary.cards_allocated,
                 unhealthy=summary.cards_unhealthy,
                 spare=summary.cards_spare,
+                inference=_by_kind(facts, members, inferenceservice.KIND),
+                training=_by_kind(facts, members, trainingjob.KIND),
+                free=max(0, summary.cards_allocatable - summary.cards_allocated),
             ),
             "spare_nodes": list(summary.spare_nodes),
             "window": window,
             "next_transition": next_transition,
+            "transition": _transition(name, sn),
             "conditions": common.set_condition(sn.status.conditions, condition),
         }
     )
-    return common.to_wire(status)
+    wire = common.to_wire(status)
+    if status.transition is not None:  # nulls clear what the previous transition had set
+        wire["transition"] = status.transition.model_dump(mode="json", by_alias=True)
+    return wire
+
+
+def _transition(name: str, sn: supernode.SuperNode) -> supernode.Transition | None:
+    """The transition this process follows, else the one last written."""
+    followed = timeshare.transition_status(name)
+    return supernode.Transition.model_validate(followed) if followed else sn.status.transition
+
+
+def _by_kind(facts: Facts, members: list[inventory.NodeInfo], kind: str) -> int:
+    """Cards that pods of ``kind`` (TrainingJob, InferenceService) hold on the members."""
+    return sum(facts.kinds.get(n.name, {}).get(kind, 0) for n in members)
 
 
 def _window(
