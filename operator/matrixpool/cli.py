@@ -108,9 +108,11 @@ def _parser() -> argparse.ArgumentParser:
         ("node-down", "make NODE NotReady"),
         ("node-up", "make NODE Ready"),
         ("node-delete", "delete NODE"),
+        ("daemon-down", "kill NODE's checkpoint daemon and keep it down (matrixpool sim)"),
+        ("daemon-up", "let matrixpool sim start NODE's checkpoint daemon again"),
     ):
         sub = fault.add_parser(name, help=help_)
-        sub.add_argument("node")
+        sub.add_argument("node", nargs="+")
         sub.set_defaults(handler=_fault, fault=name)
     cards = fault.add_parser("cards", help='mark cards unhealthy: cards NODE 3,5 ("" heals)')
     cards.add_argument("node")
@@ -203,14 +205,18 @@ def _fault(args: argparse.Namespace) -> int:
     kubeconfig = Path(cluster.Cluster().kubeconfig)
     if args.fault == "cards":
         faults.cards(kubeconfig, args.node, args.cards)
-    else:
-        action = {
-            "node-down": faults.node_down,
-            "node-up": faults.node_up,
-            "node-delete": faults.node_delete,
-        }[args.fault]
-        action(kubeconfig, args.node)
-    print(f"{args.fault} {args.node}" + (f" {args.cards!r}" if args.fault == "cards" else ""))
+        print(f"cards {args.node} {args.cards!r}")
+        return 0
+    action = {
+        "node-down": faults.node_down,
+        "node-up": faults.node_up,
+        "node-delete": faults.node_delete,
+        "daemon-down": faults.daemon_down,
+        "daemon-up": faults.daemon_up,
+    }[args.fault]
+    for node in args.node:
+        action(kubeconfig, node)
+        print(f"{args.fault} {node}")
     return 0
 
 

@@ -39,6 +39,28 @@ CYCLE_SECONDS = Histogram(
 )
 
 
+RECOVERIES = Counter(
+    "matrixpool_recoveries_total",
+    "Recoveries from faults carried out, by level (InPlace, SpareSwap, Reschedule).",
+    ["level"],
+)
+RECOVERY_SECONDS = Histogram(
+    "matrixpool_recovery_duration_seconds",
+    "Seconds from a fault's detection to every rank running again, by level.",
+    ["level"],
+    buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300),
+)
+RECOVERY_FAILURES = Counter(
+    "matrixpool_recovery_failures_total",
+    "Faults no recovery could serve (the job failed), by reason.",
+    ["reason"],
+)
+FAULTS = Counter(
+    "matrixpool_faults_detected_total",
+    "Faults detected under training ranks, by kind.",
+    ["kind"],
+)
+
 TIMESHARE_TRANSITIONS = Counter(
     "matrixpool_timeshare_transitions_total",
     "Time-sharing transitions carried out (new split in place), by supernode and window.",

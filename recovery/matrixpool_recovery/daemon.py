@@ -292,6 +292,8 @@ class Daemon:
     ) -> dict[str, Any]:
         """Push the shard to `peer_replicas` peers, in the order of the peer list."""
         meta = _upload_meta(record, options.world_size, MEMORY, self.node, replica=True)
+        if options.committed is not None:  # the peer keeps the committed step too
+            meta[wire.HEADER + "Committed"] = str(options.committed)
         url = wire.shard_path(job, rank, step, "shard")
         reached: list[str] = []
         failures: list[str] = []

@@ -73,6 +73,7 @@ class MemoryTier:
         self._steps: dict[tuple[str, int], dict[int, Held]] = {}  # (job, step) -> rank -> Held
         self._world: dict[tuple[str, int], int] = {}  # (job, step) -> world size
         self._committed: dict[str, int] = {}  # job -> newest step committed for every rank
+        self._previous: dict[str, int] = {}  # job -> the committed step before that one
         self._seq = itertools.count()
         (root / "buffers").mkdir(parents=True, exist_ok=True)
         (root / "jobs").mkdir(parents=True, exist_ok=True)
@@ -157,7 +158,7 @@ class MemoryTier:
         movable = [
             key
             for key in self._steps
-            if self._protected(key[0]) != key[1]
+            if key[1] not in self._protected(key[0])
             and not (key[0] == job and key[1] >= step)
             and not any(self._buffers[h.record.buffer].busy for h in self._steps[key].values())
         ]
@@ -207,19 +208,36 @@ class MemoryTier:
         self._prune(job)
 
     def _prune(self, job: str) -> None:
-        """Keep the newest `keep` steps of the job, and its newest committed one."""
+        """Keep the newest `keep` steps of the job, its two newest committed ones, and each
+        rank's newest shard held here.
+
+        Why more than the newest committed step: a peer's copy may lag its origin by a step,
+        so after that origin node dies, the newest step every rank still has is often the one
+        before; and a rank that died writes no newer shard, so its newest copy on a peer is
+        the one its recovery needs, however far the other ranks have gone.
+        """
         steps = sorted((s for j, s in self._steps if j == job), reverse=True)
+        kept = self._protected(job) | self._newest_per_rank(job)
         for step in steps[self.keep :]:
             buffers = [h.record.buffer for h in self._steps[(job, step)].values()]
-            if step != self._protected(job) and not any(self._buffers[b].busy for b in buffers):
+            if step not in kept and not any(self._buffers[b].busy for b in buffers):
                 self._evict((job, step))
 
-    def _protected(self, job: str) -> int | None:
-        """The step of a job never evicted: the newest committed one as trainers report it,
-        else (no report yet) the newest step held here."""
+    def _protected(self, job: str) -> set[int]:
+        """Steps of a job never evicted: the two newest committed ones as trainers report
+        them, else (no report yet) the newest step held here."""
         if job in self._committed:
-            return self._committed[job]
-        return max((s for j, s in self._steps if j == job), default=None)
+            return {self._committed[job], self._previous.get(job, self._committed[job])}
+        newest = max((s for j, s in self._steps if j == job), default=None)
+        return set() if newest is None else {newest}
+
+    def _newest_per_rank(self, job: str) -> set[int]:
+        newest: dict[int, int] = {}
+        for (j, step), held in self._steps.items():
+            if j == job:
+                for rank in held:
+                    newest[rank] = max(step, newest.get(rank, step))
+        return set(newest.values())
 
     def _evict(self, key: tuple[str, int]) -> None:
         for held in self._steps.pop(key).values():
@@ -289,7 +307,10 @@ class MemoryTier:
         if step is None:
             return
         with self._lock:
-            if step >= self._committed.get(job, -1):
+            current = self._committed.get(job, -1)
+            if step > current:
+                if current >= 0:
+                    self._previous[job] = current
                 self._committed[job] = step
 
     def manifests(self, job: str | None = None) -> list[manifest.Manifest]:
@@ -311,6 +332,7 @@ class MemoryTier:
         """Forget a finished job; its buffers go to the free pool."""
         with self._lock:
             self._committed.pop(job, None)
+            self._previous.pop(job, None)
             for key in [k for k in self._steps if k[0] == job]:
                 self._evict(key)
 

@@ -142,6 +142,59 @@ class Operator:
         return self.log_path.read_text(errors="replace")
 
 
+@dataclass
+class Sim:
+    """``matrixpool sim`` as a real subprocess: a daemon per node, a trainer per pod."""
+
+    cluster: TestCluster
+    folder: Path
+    supernodes: tuple[str, ...] = ()  # empty: every supernode
+    step_seconds: float = 0.2
+    process: subprocess.Popen[bytes] | None = field(default=None)
+
+    def start(self) -> Sim:
+        argv = [sys.executable, "-m", "matrixpool.cli", "sim", "--folder", str(self.folder)]
+        argv += ["--step-seconds", str(self.step_seconds)]
+        for name in self.supernodes:
+            argv += ["--supernode", name]
+        log = open(self.folder.with_suffix(".log"), "ab")  # noqa: SIM115 -- the child's
+        self.process = subprocess.Popen(
+            argv,
+            env=self.cluster.env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        eventually(lambda: self.token_file.exists(), timeout=30, what="the sim's token")
+        return self
+
+    @property
+    def token_file(self) -> Path:
+        return self.folder / "token"
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(timeout=60)
+
+    def log(self) -> str:
+        path = self.folder.with_suffix(".log")
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def trainer_lines(self, pod: str) -> list[dict[str, Any]]:
+        """Every JSON line the trainers of ``pod`` printed (on any node), oldest first."""
+        lines: list[dict[str, Any]] = []
+        for path in sorted((self.folder / "trainers").glob(f"*.{pod}.log")):
+            for line in path.read_text(errors="replace").splitlines():
+                if line.startswith("{"):
+                    try:
+                        lines.append(json.loads(line))
+                    except ValueError:
+                        continue
+        return sorted(lines, key=lambda line: float(line.get("t", 0)))
+
+
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:6]}"
 

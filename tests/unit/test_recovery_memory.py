@@ -109,3 +109,26 @@ def test_a_finished_job_is_dropped_and_its_buffers_reused(tmp_path: Path) -> Non
     mem.drop_job("j")
     assert steps(mem) == []
     assert save(mem, 1, job="other") == buffer
+
+
+def test_a_rank_that_stopped_writing_keeps_its_newest_copy_on_a_peer(tmp_path: Path) -> None:
+    """A peer holds copies of ranks 0 and 1; rank 1's node died after step 4. However far
+    rank 0 goes, rank 1's step 4 stays: it is what rank 1's recovery restores."""
+    mem = tier(tmp_path, limit_shards=20, keep=2)
+    for step in (2, 4):
+        save(mem, step, rank=0, world=2)
+        save(mem, step, rank=1, world=2)
+    for step in (6, 8, 10):
+        save(mem, step, rank=0, world=2)
+    assert steps(mem) == [4, 8, 10]
+
+
+def test_the_two_newest_committed_steps_outlive_the_keep_count(tmp_path: Path) -> None:
+    """The newest committed step may not have reached every peer yet; the one before it
+    is kept too, so a node loss still finds a step every rank holds."""
+    mem = tier(tmp_path, limit_shards=20, keep=1)
+    for step in (2, 4, 6, 8):
+        save(mem, step)
+        if step in (4, 6):
+            mem.protect("j", step)
+    assert steps(mem) == [4, 6, 8]

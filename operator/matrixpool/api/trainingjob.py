@@ -247,6 +247,8 @@ class CheckpointSteps(common.ApiModel):
 class RecoveryRecord(common.ApiModel):
     """One recovery from a fault."""
 
+    id: str = Field(default="", max_length=63)
+    """Recovery id (the value trainers see in the restore annotation)."""
     level: RecoveryLevel
     """Level chosen."""
     cause: str = Field(max_length=1024)
@@ -260,9 +262,26 @@ class RecoveryRecord(common.ApiModel):
     recovered_at: datetime | None = None
     """When every rank ran again; absent while recovering."""
 
+    ranks: list[int] = Field(default_factory=list, max_length=4096)
+    """Ranks restarted or moved (every rank for Reschedule)."""
+    moves: dict[str, str] = Field(default_factory=dict)
+    """SpareSwap: failed node -> spare node."""
+
     @property
     def duration(self) -> timedelta | None:
         return None if self.recovered_at is None else self.recovered_at - self.detected_at
+
+
+class RecoveryInProgress(RecoveryRecord):
+    """The recovery being carried out: written before the first pod is touched, so that an
+    operator killed halfway is followed by one that finishes it (once)."""
+
+    targets: dict[str, str] = Field(default_factory=dict)
+    """Rank -> node it restarts on (InPlace: its own; SpareSwap: the spare)."""
+    cards: dict[str, str] = Field(default_factory=dict)
+    """Rank -> its cards on the target node, "0,1,2,3"."""
+    restore: dict[str, str] = Field(default_factory=dict)
+    """Rank -> the matrixpool.dev/restore annotation it gets ("*": every rank)."""
 
 
 class TrainingJobStatus(common.ApiModel):
@@ -282,6 +301,8 @@ class TrainingJobStatus(common.ApiModel):
     """Newest complete checkpoint step per tier."""
     recoveries: list[RecoveryRecord] = Field(default_factory=list)
     """Recoveries so far, oldest first."""
+    recovering: RecoveryInProgress | None = None
+    """The recovery under way, if any."""
     conditions: list[common.Condition] = common.conditions_field()
     """Conditions."""
 

@@ -2,7 +2,9 @@
 
 ``node-down``/``node-up`` flip a node's Ready condition through kwok (the stage in
 kwok-stages.yaml reacts to the annotation ``matrixpool.dev/fault``); ``node-delete`` removes the
-Node; ``cards`` writes ``matrixpool.dev/unhealthy-cards`` as a device plugin would.
+Node; ``cards`` writes ``matrixpool.dev/unhealthy-cards`` as a device plugin would;
+``daemon-down``/``daemon-up`` tell ``matrixpool sim`` to kill a node's checkpoint daemon and
+keep it down (annotation ``matrixpool.dev/fault-daemon``), the node itself staying Ready.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from matrixpool.api import labels
 from matrixpool.k8s import client as k8s_client
 
 FAULT_ANNOTATION = "matrixpool.dev/fault"
+DAEMON_FAULT_ANNOTATION = "matrixpool.dev/fault-daemon"  # "down": matrixpool sim runs no daemon
 CARD_LIST = re.compile(r"^(\d+(,\d+)*)?$")
 
 
@@ -27,6 +30,15 @@ def node_down(kubeconfig: Path, node: str) -> None:
 
 def node_up(kubeconfig: Path, node: str) -> None:
     _annotate(kubeconfig, node, {FAULT_ANNOTATION: None})
+
+
+def daemon_down(kubeconfig: Path, node: str) -> None:
+    """``matrixpool sim`` kills the node's checkpoint daemon and starts none while this holds."""
+    _annotate(kubeconfig, node, {DAEMON_FAULT_ANNOTATION: "down"})
+
+
+def daemon_up(kubeconfig: Path, node: str) -> None:
+    _annotate(kubeconfig, node, {DAEMON_FAULT_ANNOTATION: None})
 
 
 def node_delete(kubeconfig: Path, node: str) -> None:

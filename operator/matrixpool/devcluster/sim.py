@@ -30,6 +30,7 @@ from typing import Any
 
 from matrixpool import checkpoints
 from matrixpool.api import labels
+from matrixpool.devcluster import faults
 from matrixpool.k8s import client as k8s_client
 from matrixpool_recovery import peers as peer_policy
 from matrixpool_recovery import policy
@@ -37,7 +38,6 @@ from matrixpool_recovery import policy
 PERIOD = 0.5  # seconds between reconciliations
 PORT = 7040  # every daemon listens on this port of its own loopback address
 ENDPOINT_ANNOTATION = labels.CKPT_ENDPOINT
-DAEMON_FAULT_ANNOTATION = "matrixpool.dev/fault-daemon"  # "down": the node's daemon is killed
 
 
 @dataclass
@@ -324,7 +324,7 @@ def _world_size(gang: list[Any]) -> int:
 
 
 def _daemon_down(node: Any) -> bool:
-    return (node.metadata.annotations or {}).get(DAEMON_FAULT_ANNOTATION) == "down"
+    return (node.metadata.annotations or {}).get(faults.DAEMON_FAULT_ANNOTATION) == "down"
 
 
 def _ready(node: Any) -> bool:

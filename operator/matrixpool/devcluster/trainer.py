@@ -116,19 +116,18 @@ class Trainer:
         if asked is None:
             report(rank=self.rank, step=0, restored=None)
             return 0
-        reader = self.checkpointer
-        if asked.sources:  # the daemons the operator named hold the copies it chose
-            peers = self.env.get("MATRIXPOOL_CKPT_PEERS", "").split(",")
-            wider = ",".join(dict.fromkeys(p for p in [*peers, *asked.sources] if p))
-            reader = client.Checkpointer.from_env({**self.env, "MATRIXPOOL_CKPT_PEERS": wider})
+        # A reader of its own: the saves in flight (a peer copy to a dead node, say) must not
+        # hold the reload up; the daemons the operator named hold the copies it chose.
+        peers = self.env.get("MATRIXPOOL_CKPT_PEERS", "").split(",")
+        wider = ",".join(dict.fromkeys(p for p in [*peers, *asked.sources] if p))
+        reader = client.Checkpointer.from_env({**self.env, "MATRIXPOOL_CKPT_PEERS": wider})
         try:
             restored = reader.restore(asked.step)
         except errors.NoCheckpointError as error:
-            report(rank=self.rank, step=0, restored=None, error=str(error))
+            report(rank=self.rank, step=0, restored=None, error=str(error), asked=where)
             return 0
         finally:
-            if reader is not self.checkpointer:
-                reader.close()
+            reader.close()
         expected = state_of(self.job, self.rank, restored.step, self.size)
         report(
             rank=self.rank,
@@ -137,6 +136,8 @@ class Trainer:
             source=restored.source,
             intact=bytes(restored.state["state"]) == expected,
             recovery=asked.recovery,
+            skipped=list(restored.skipped),
+            asked=where,
         )
         return restored.step
 

@@ -17,7 +17,7 @@ from typing import Any
 import kopf
 import structlog
 
-from matrixpool.handlers import scheduler, supernode, workloads
+from matrixpool.handlers import recovery, scheduler, supernode, workloads
 from matrixpool.k8s import anchor
 from matrixpool.k8s.convert import PodFacts
 from matrixpool.placement import inventory
@@ -70,10 +70,12 @@ async def main_loop(
             foreign=supernode.Facts.sum_held(pod_cards),
             pods={key: list(store) for key, store in gang_pods.items()},
             workloads=[*_all(training_jobs), *_all(inference_services)],
+            unreachable=recovery.unreachable(),
         )
 
     while not stopped:
         try:
+            await recovery.run(world())
             await scheduler.run_cycle(world)
             await supernode.report(world(), reported)
         except Exception:  # one bad cycle must not stop scheduling; the next one retries

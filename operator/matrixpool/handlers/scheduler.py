@@ -44,6 +44,7 @@ class World:
     foreign: dict[str, dict[str, int]]  # node → resources held by pods matrixpool did not place
     pods: dict[str, list[convert.PodFacts]]  # "<ns>/<owner>" → its pods
     workloads: list[Workload]
+    unreachable: frozenset[str] = frozenset()  # nodes whose checkpoint daemon does not answer
 
 
 @dataclass
@@ -55,6 +56,10 @@ class Memory:
     expert_maps: dict[str, str] = field(default_factory=dict)  # configmap → content written
     statuses: dict[str, dict[str, Any]] = field(default_factory=dict)  # workload → last patch
     replicas: dict[str, int] = field(default_factory=dict)  # job → replicas after shrink/grow
+    # job → the recovery under way (wire form of status.recovering), None once finished; the
+    # recovery controller (handlers.recovery) writes it ahead of the status, which may lag.
+    recovering: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)  # job → why it failed (no more pods)
 
 
 MEMORY = Memory()
@@ -99,6 +104,8 @@ class Cycle:
 
     def gangs_of(self, workload: Workload) -> list[gangs.Gang]:
         if isinstance(workload.model, trainingjob.TrainingJob):
+            if failed_reason(workload) is not None:
+                return []  # a failed job keeps no pods
             spec = workload.model.spec
             size = self.sizes.get(spec.super_node or "") or max(self.sizes.values(), default=0)
             replicas = self.effective(workload)
@@ -122,8 +129,9 @@ class Cycle:
             names = {p.name for p in plans}
             template = self.template(workload)
             resource = self.card_resource(workload)
+            recovery = recovery_of(workload)
             create = [
-                pods.manifest(plan, template(plan.role), workload.ref, resource)
+                pin(pods.manifest(plan, template(plan.role), workload.ref, resource), recovery)
                 for plan in plans
                 if plan.name not in existing
             ]
@@ -557,7 +565,7 @@ def topologies(world: World) -> list[model.SuperNodeTopology]:
                 frozenset(
                     model.CardId(c) for c in range(cards - foreign) if c not in node.unhealthy
                 )
-                if node.ready
+                if node.ready and node.name not in world.unreachable
                 else frozenset()
             )
             domains = tuple(node.labels.get(k, "") for k in spec.topology_keys)
@@ -569,9 +577,71 @@ def topologies(world: World) -> list[model.SuperNodeTopology]:
     return result
 
 
+def recovery_of(workload: Workload) -> dict[str, Any] | None:
+    """The recovery under way for a TrainingJob (wire form), or None."""
+    if workload.kind != trainingjob.KIND:
+        return None
+    if workload.key in MEMORY.recovering:
+        return MEMORY.recovering[workload.key]
+    return cast("dict[str, Any] | None", workload.status.get("recovering"))
+
+
+def failed_reason(workload: Workload) -> str | None:
+    """Why a TrainingJob failed for good (maxRecoveries, no recovery possible), or None."""
+    if workload.key in MEMORY.failed:
+        return MEMORY.failed[workload.key]
+    if workload.status.get("phase") == trainingjob.Phase.FAILED.value:
+        return "failed"
+    return None
+
+
+def pin(pod: dict[str, Any], recovery: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A new pod of a recovering job: reserved on its target node and cards (InPlace,
+    SpareSwap; the normal binding path finishes it) and told what to restore."""
+    if not recovery:
+        return pod
+    rank = pod["metadata"]["labels"][labels.RANK]
+    annotations = pod["metadata"].setdefault("annotations", {})
+    restore = (recovery.get("restore") or {}).get(rank) or (recovery.get("restore") or {}).get("*")
+    if restore:
+        annotations[labels.RESTORE] = restore
+    node = (recovery.get("targets") or {}).get(rank)
+    cards = (recovery.get("cards") or {}).get(rank)
+    if node and cards:
+        annotations[convert.NODE_ANNOTATION] = node
+        annotations[labels.CARDS] = cards
+    return pod
+
+
+def pinned(world: World, priorities: Mapping[str, int]) -> list[model.Holding]:
+    """Cards a recovery has promised to ranks whose new pod does not exist yet: no other gang
+    may take them in between (the old pod is gone, the new one not yet created)."""
+    result = []
+    for workload in world.workloads:
+        recovery = recovery_of(workload)
+        if not recovery:
+            continue
+        present = {p.rank for p in world.pods.get(workload.key, []) if p.holds_cards}
+        for rank, node in (recovery.get("targets") or {}).items():
+            cards, _ = inventory.parse_card_list((recovery.get("cards") or {}).get(rank))
+            if int(rank) in present or not cards:
+                continue
+            result.append(
+                model.Holding(
+                    pod=model.PodKey(f"{workload.key}#pin-{rank}"),
+                    gang=model.GangKey(workload.key),
+                    node=inventory.NodeName(node),
+                    cards=frozenset(model.CardId(c) for c in cards),
+                    priority=priorities.get(workload.key, 1 << 30),
+                    spread_group=None,
+                )
+            )
+    return result
+
+
 def holdings(world: World) -> list[model.Holding]:
     priorities = {w.key: _priority(w) for w in world.workloads}
-    result = []
+    result = pinned(world, priorities)
     for owner, facts in world.pods.items():
         for pod in facts:
             if not pod.holds_cards:
@@ -609,7 +679,11 @@ def training_status(
         "Preempted",
     )
     complete = bool(all_pods) and len(placed) == len(all_pods)
-    if complete:
+    if failed_reason(workload) is not None:
+        phase = trainingjob.Phase.FAILED
+    elif recovery_of(workload):
+        phase = trainingjob.Phase.RECOVERING
+    elif complete:
         phase = (
             trainingjob.Phase.RUNNING if running == len(all_pods) else (trainingjob.Phase.SCHEDULED)
         )

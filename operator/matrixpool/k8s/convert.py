@@ -87,6 +87,7 @@ class PodFacts:
     phase: str
     deleting: bool
     ready: bool
+    restore: str = ""  # annotation matrixpool.dev/restore: what the rank restored from
 
     @property
     def key(self) -> str:
@@ -129,6 +130,7 @@ def pod_facts(
         phase=status.get("phase") or "Pending",
         deleting=bool(meta.get("deletionTimestamp")),
         ready=ready,
+        restore=annotations.get(names.RESTORE, ""),
     )
 
 

@@ -1,0 +1,519 @@
+"""Fault recovery of TrainingJobs: detect, decide, carry out, record. DESIGN.md, "Recovery
+contract"; the decision itself is the pure :func:`matrixpool_recovery.policy.decide`.
+
+The main loop (:mod:`matrixpool.handlers.loop`) calls :func:`run` before every scheduling cycle,
+so a fault is acted on within one loop period of its showing in the API (about 0.25 s) — the
+Node watch sees Ready go False at once, no controller-manager grace is waited for — or within
+:data:`UNREACHABLE_AFTER` of a node's checkpoint daemon going silent (its heartbeat, probed every
+:data:`PROBE_SECONDS`).
+
+Per TrainingJob whose gang is bound, each loop:
+1. **Detect** (:func:`detect`, pure): a rank's Node gone or not Ready, its daemon unreachable,
+   ``matrixpool.dev/unhealthy-cards`` covering one of its cards, its pod Failed (evicted too).
+2. **Decide**: ask the daemons of the job's supernodes (and the tier-3 URI) which copies
+   survive (:mod:`matrixpool.checkpoints`), find the free spares, call ``policy.decide``.
+3. **Write the plan first**: ``status.recovering`` (level, targets, cards, what each rank
+   restores) and the scheduler's memory, before any pod is touched. An operator killed from here
+   on is followed by one that reads the plan back and finishes it, once.
+4. **Carry out** (idempotent, every loop until done): InPlace and SpareSwap delete the hit
+   ranks' pods; the scheduler recreates them already reserved on their target node and cards
+   (:func:`matrixpool.handlers.scheduler.pin`) and binds them; the other ranks get the new
+   ``matrixpool.dev/restore`` annotation and reload that step where they run. Reschedule deletes
+   the whole gang; the scheduler places it again wherever it fits, each new pod told what to
+   restore.
+5. **Record**: once every rank runs again, ``status.recoveries[]`` gets the entry (level,
+   cause, restoredStep, lostSteps, detectedAt, recoveredAt), an Event and the metrics.
+``maxRecoveries`` reached, or no level possible: the job goes Failed with the reason.
+
+Also keeps ``status.checkpoints`` (newest step committed for every rank, per tier) fresh,
+every :data:`POLL_SECONDS`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import kopf
+import structlog
+
+from matrixpool import checkpoints, clock, metrics
+from matrixpool.api import common, labels, trainingjob
+from matrixpool.handlers import scheduler
+from matrixpool.handlers.workloads import Workload
+from matrixpool.k8s import convert, pods
+from matrixpool.k8s import status as k8s_status
+from matrixpool.placement import engine, inventory
+from matrixpool_recovery import manifest, policy
+
+log = structlog.get_logger(__name__)
+
+PROBE_SECONDS = 0.5  # daemon heartbeat period
+UNREACHABLE_AFTER = 1.0  # seconds a daemon must stay silent to count as unreachable
+POLL_SECONDS = 2.0  # status.checkpoints refresh period per running job
+
+
+@dataclass
+class State:
+    """What the recovery controller remembers between loops (safe to lose)."""
+
+    silent_since: dict[str, float] = field(default_factory=dict)  # node → first failed probe
+    probed_at: float = float("-inf")
+    polled_at: dict[str, float] = field(default_factory=dict)  # job → last checkpoints poll
+    checkpoints: dict[str, dict[str, int | None]] = field(default_factory=dict)  # job → written
+    recorded: set[str] = field(default_factory=set)  # recovery ids appended to status
+
+    def unreachable(self, now: float) -> frozenset[str]:
+        return frozenset(n for n, t in self.silent_since.items() if now - t >= UNREACHABLE_AFTER)
+
+
+STATE = State()
+
+
+def unreachable() -> frozenset[str]:
+    """Nodes whose checkpoint daemon is silent now (the scheduler places nothing there)."""
+    return STATE.unreachable(clock.SYSTEM.monotonic())
+
+
+async def run(world: scheduler.World) -> None:
+    """One pass: probe the daemons, then detect, decide, carry out and record per job."""
+    await probe(world)
+    nodes: dict[str, inventory.NodeInfo] = {n.name: n for n in world.nodes}
+    lost = unreachable()
+    for workload in world.workloads:
+        if not isinstance(workload.model, trainingjob.TrainingJob):
+            continue
+        if scheduler.failed_reason(workload) is not None:
+            continue
+        facts = world.pods.get(workload.key, [])
+        try:
+            recovery = scheduler.recovery_of(workload)
+            if recovery:
+                await carry_out(workload, recovery, facts, nodes, lost)
+                continue
+            faults = detect(world_size(workload), facts, nodes, lost, workload)
+            if faults:
+                await start(workload, faults, world, lost)
+            else:
+                await poll_checkpoints(workload, facts, nodes)
+        except Exception:  # one job's trouble must not stop the others' recoveries
+            log.exception("recovery step failed; retrying", job=workload.key)
+
+
+# ---- heartbeat -------------------------------------------------------------------------------
+
+
+async def probe(world: scheduler.World) -> None:
+    """Probe the daemons of nodes that hold training ranks (every PROBE_SECONDS)."""
+    now = clock.SYSTEM.monotonic()
+    if now - STATE.probed_at < PROBE_SECONDS:
+        return
+    STATE.probed_at = now
+    busy = {
+        p.node
+        for w in world.workloads
+        if w.kind == trainingjob.KIND
+        for p in world.pods.get(w.key, [])
+        if p.node
+    }
+    endpoints: dict[str, str] = {
+        n.name: n.endpoint for n in world.nodes if n.endpoint and n.name in busy
+    }
+    answers = await checkpoints.probe(endpoints)
+    for node, healthy in answers.items():
+        if healthy:
+            STATE.silent_since.pop(node, None)
+        else:
+            STATE.silent_since.setdefault(node, now)
+    for node in list(STATE.silent_since):
+        if node not in endpoints:
+            del STATE.silent_since[node]
+
+
+# ---- 1. detect -------------------------------------------------------------------------------
+
+
+def detect(
+    world_size: int,
+    facts: Sequence[convert.PodFacts],
+    nodes: Mapping[str, inventory.NodeInfo],
+    unreachable: Iterable[str],
+    workload: Workload | None = None,
+) -> list[policy.Fault]:
+    """The faults under a bound gang's ranks (pure). A gang not wholly bound has none: the
+    scheduler is still placing it."""
+    live = [p for p in facts if not p.deleting]
+    if len({p.rank for p in live if p.node}) < world_size or workload_suspended(workload):
+        return []
+    silent = set(unreachable)
+    found: dict[tuple[policy.FaultKind, str], tuple[set[int], set[int]]] = {}
+
+    def add(
+        kind: policy.FaultKind, node: str, ranks: Iterable[int] = (), cards: Iterable[int] = ()
+    ) -> None:
+        held = found.setdefault((kind, node), (set(), set()))
+        held[0].update(ranks)
+        held[1].update(cards)
+
+    for pod in live:
+        if not pod.node:
+            continue
+        info = nodes.get(pod.node)
+        if info is None:
+            add(policy.FaultKind.NODE_DELETED, pod.node)
+        elif info.down:
+            add(policy.FaultKind.NODE_DOWN, pod.node)
+        elif pod.node in silent:
+            add(policy.FaultKind.DAEMON_UNREACHABLE, pod.node)
+        else:
+            bad = info.unhealthy & pod.cards
+            if bad:
+                add(policy.FaultKind.CARDS_UNHEALTHY, pod.node, cards=bad)
+            if pod.phase == "Failed":
+                add(policy.FaultKind.POD_FAILED, pod.node, ranks=[pod.rank])
+    return [
+        policy.Fault(kind, policy.NodeName(node), frozenset(cards), frozenset(ranks))
+        for (kind, node), (ranks, cards) in sorted(found.items())
+    ]
+
+
+def workload_suspended(workload: Workload | None) -> bool:
+    return workload is not None and workload.status.get("phase") == "Suspended"
+
+
+def world_size(workload: Workload) -> int:
+    """The ranks the job runs now (an elastic job may be shrunk below spec.replicas)."""
+    return scheduler.effective_replicas(workload, scheduler.MEMORY.replicas.get(workload.key))
+
+
+# ---- 2. decide -------------------------------------------------------------------------------
+
+
+async def start(
+    workload: Workload,
+    faults: list[policy.Fault],
+    world: scheduler.World,
+    lost: frozenset[str],
+) -> None:
+    assert isinstance(workload.model, trainingjob.TrainingJob)
+    spec = workload.model.spec
+    detected = clock.SYSTEM.now()
+    for fault in faults:
+        metrics.FAULTS.labels(fault.kind.value).inc()
+    facts = [p for p in world.pods.get(workload.key, []) if not p.deleting and p.node]
+    topologies = scheduler.topologies(world)
+    supernode_of = {str(s.name): t.name for t in topologies for s in t.nodes}
+    rack_key = {t.name: labels.RACK for t in topologies}
+    nodes: dict[str, inventory.NodeInfo] = {n.name: n for n in world.nodes}
+    view = policy.JobView(
+        key=workload.key,
+        world_size=world_size(workload),
+        node_of={p.rank: policy.NodeName(p.node or "") for p in facts},
+        cards_of={p.rank: frozenset(p.cards) for p in facts},
+        rack_of={
+            policy.NodeName(n): nodes[n].labels.get(rack_key.get(supernode_of.get(n, ""), ""), n)
+            for n in {p.node or "" for p in facts}
+            if n in nodes
+        },
+        supernode_of={policy.NodeName(n): s for n, s in supernode_of.items()},
+        levels=tuple(policy.Level(level.value) for level in spec.recovery.levels),
+        recoveries=len(workload.status.get("recoveries") or []),
+        max_recoveries=spec.recovery.max_recoveries,
+    )
+    gone = {str(f.node) for f in faults if f.kind in policy.NODE_LOSSES} | set(lost)
+    involved = {supernode_of.get(p.node or "") for p in facts}
+    endpoints: dict[str, str] = {
+        n.name: n.endpoint
+        for n in world.nodes
+        if n.endpoint and supernode_of.get(n.name) in involved and n.name not in gone
+    }
+    persistent = spec.checkpoint.persistent.uri if spec.checkpoint.persistent else None
+    found = await checkpoints.inventory(
+        checkpoints.job_id(workload.namespace, workload.name), endpoints, persistent
+    )
+    copies = list(copies_of(found.holdings, view))
+    snapshot = engine.Snapshot.build(topologies, scheduler.holdings(world))
+    spares = policy.Spares(
+        nodes={
+            t.name: tuple(
+                policy.NodeName(n)
+                for n in snapshot.spare_nodes(t.name)
+                if n not in gone and n not in found.unreachable
+            )
+            for t in topologies
+        },
+        rack_of={policy.NodeName(n.name): n.labels.get(labels.RACK, n.name) for n in world.nodes},
+    )
+    saved = max(
+        (
+            s
+            for s in (newest_saved(workload), found.newest_complete(view.world_size))
+            if s is not None
+        ),
+        default=None,
+    )
+    outcome = policy.decide(faults, view, copies, spares, newest_saved_step=saved)
+    if isinstance(outcome, policy.Failed):
+        await fail(workload, outcome, detected)
+        return
+    recovery = plan_record(workload, outcome, view, found, detected)
+    scheduler.MEMORY.recovering[workload.key] = recovery
+    await k8s_status.patch_status(
+        trainingjob.PLURAL,
+        workload.namespace,
+        workload.name,
+        {"phase": trainingjob.Phase.RECOVERING.value, "recovering": recovery},
+    )
+    _event(
+        workload,
+        "Warning",
+        "Recovering",
+        f"{outcome.cause}: {outcome.level} — {outcome.reason}; restoring step "
+        f"{outcome.restored_step} (lost steps: {_lost(outcome.lost_steps)})",
+    )
+    log.info(
+        "recovering",
+        job=workload.key,
+        level=outcome.level.value,
+        cause=outcome.cause,
+        ranks=sorted(outcome.ranks),
+        targets={str(r): n for r, n in outcome.targets.items()},
+        restored_step=outcome.restored_step,
+        lost_steps=outcome.lost_steps,
+        recovery=recovery["id"],
+    )
+    await carry_out(workload, recovery, world.pods.get(workload.key, []), nodes, lost)
+
+
+def copies_of(holdings: Iterable[manifest.Holding], view: policy.JobView) -> Iterable[policy.Copy]:
+    """The daemons' and tier 3's holdings as the policy's copies."""
+    for h in holdings:
+        if h.tier == "persistent":
+            yield policy.Copy(h.rank, h.step, policy.Tier.PERSISTENT, None)
+        elif h.tier == "local":
+            yield policy.Copy(h.rank, h.step, policy.Tier.LOCAL, policy.NodeName(h.node))
+        else:
+            own = view.node_of.get(h.rank) == h.node
+            tier = policy.Tier.MEMORY if own else policy.Tier.PEERS
+            yield policy.Copy(h.rank, h.step, tier, policy.NodeName(h.node))
+
+
+def newest_saved(workload: Workload) -> int | None:
+    """The newest step committed before the fault, as status.checkpoints last showed it (the
+    daemons that survived may show a newer one: the caller takes the newer)."""
+    known = STATE.checkpoints.get(workload.key) or workload.status.get("checkpoints") or {}
+    steps = [v for v in known.values() if isinstance(v, int)]
+    return max(steps, default=None)
+
+
+def plan_record(
+    workload: Workload,
+    plan: policy.Plan,
+    view: policy.JobView,
+    found: checkpoints.Inventory,
+    detected: datetime.datetime,
+) -> dict[str, Any]:
+    """status.recovering for ``plan``: everything needed to finish it after a crash."""
+    count = len(workload.status.get("recoveries") or []) + 1
+    recovery_id = f"r{count}-{uuid.uuid4().hex[:6]}"
+    if plan.level == policy.Level.RESCHEDULE:
+        targets: dict[str, str] = {}
+    else:
+        targets = {str(r): plan.targets.get(r, view.node_of[r]) for r in sorted(plan.ranks)}
+    restore = {}
+    for rank in range(view.world_size):
+        source = plan.sources[rank]
+        home = targets.get(str(rank), view.node_of.get(rank))
+        held_by = source.node if source.node and source.node != home else None
+        endpoint = found.endpoints.get(held_by or "", "")
+        restore[str(rank)] = checkpoints.restore_value(
+            plan.restored_step, [endpoint] if endpoint else [], recovery_id
+        )
+    record = trainingjob.RecoveryInProgress(
+        id=recovery_id,
+        level=trainingjob.RecoveryLevel(plan.level.value),
+        cause=plan.cause[:1024],
+        restored_step=plan.restored_step,
+        lost_steps=plan.lost_steps,
+        detected_at=detected,
+        ranks=sorted(plan.ranks),
+        moves={view.node_of[r]: n for r, n in plan.targets.items()},
+        targets=targets,
+        cards={r: labels.format_cards(view.cards_of[int(r)]) for r in targets},
+        restore=restore,
+    )
+    return common.to_wire(record)
+
+
+# ---- 4. carry out ----------------------------------------------------------------------------
+
+
+async def carry_out(
+    workload: Workload,
+    recovery: Mapping[str, Any],
+    facts: Sequence[convert.PodFacts],
+    nodes: Mapping[str, inventory.NodeInfo],
+    lost: frozenset[str],
+) -> None:
+    """Move the world one step toward the plan; finish when every rank runs again."""
+    recovery_id = str(recovery["id"])
+    restore: Mapping[str, str] = recovery.get("restore") or {}
+    targets: Mapping[str, str] = recovery.get("targets") or {}
+    reschedule = recovery.get("level") == policy.Level.RESCHEDULE.value
+    doomed_now: list[tuple[str, str]] = []  # dead nodes and failed pods: no grace
+    doomed: list[tuple[str, str]] = []
+    reload: dict[tuple[str, str], str] = {}
+    for pod in facts:
+        if pod.deleting:
+            continue
+        mine = _recovery_id(pod.restore) == recovery_id
+        moved = str(pod.rank) in targets
+        if (reschedule or moved) and not mine:
+            dead = pod.phase == "Failed" or pod.node in lost or _down(nodes, pod.node)
+            (doomed_now if dead else doomed).append((pod.namespace, pod.name))
+        elif not mine and str(pod.rank) in restore:
+            reload[(pod.namespace, pod.name)] = restore[str(pod.rank)]
+    if doomed_now:
+        await pods.delete(doomed_now, grace_seconds=0)
+    if doomed:
+        await pods.delete(doomed)
+    for (namespace, name), value in reload.items():
+        await pods.annotate([(namespace, name)], {labels.RESTORE: value})
+    if doomed_now or doomed or reload:
+        return
+    assert isinstance(workload.model, trainingjob.TrainingJob)
+    ranks = {p.rank: p for p in facts if not p.deleting}
+    done = len(ranks) >= world_size(workload) and all(
+        p.phase == "Running"
+        and _recovery_id(p.restore) == recovery_id
+        and (str(p.rank) not in targets or p.node == targets[str(p.rank)])
+        for p in ranks.values()
+    )
+    if done:
+        await finish(workload, recovery)
+
+
+async def finish(workload: Workload, recovery: Mapping[str, Any]) -> None:
+    recovered = clock.SYSTEM.now()
+    detected = datetime.datetime.fromisoformat(str(recovery["detectedAt"]).replace("Z", "+00:00"))
+    record = {k: v for k, v in recovery.items() if k not in ("targets", "cards", "restore")} | {
+        "recoveredAt": recovered.isoformat().replace("+00:00", "Z")
+    }
+    history = [dict(r) for r in workload.status.get("recoveries") or []]
+    if recovery["id"] not in STATE.recorded and all(r.get("id") != recovery["id"] for r in history):
+        history.append(record)
+    await k8s_status.patch_status(
+        trainingjob.PLURAL,
+        workload.namespace,
+        workload.name,
+        {"recoveries": history, "recovering": None},
+    )
+    STATE.recorded.add(str(recovery["id"]))
+    scheduler.MEMORY.recovering[workload.key] = None
+    seconds = (recovered - detected).total_seconds()
+    level = str(recovery["level"])
+    metrics.RECOVERIES.labels(level).inc()
+    metrics.RECOVERY_SECONDS.labels(level).observe(seconds)
+    _event(
+        workload,
+        "Normal",
+        "Recovered",
+        f"{level} recovery {recovery['id']} done in {seconds:.1f} s: step "
+        f"{recovery.get('restoredStep')} restored, lost steps {_lost(recovery.get('lostSteps'))}",
+    )
+    log.info("recovered", job=workload.key, level=level, seconds=round(seconds, 2))
+
+
+async def fail(workload: Workload, failed: policy.Failed, detected: datetime.datetime) -> None:
+    """No recovery: the job fails with the reason, and gives its cards back."""
+    scheduler.MEMORY.failed[workload.key] = failed.reason
+    condition = common.Condition(
+        type="Failed",
+        status=common.ConditionStatus.TRUE,
+        reason=failed.code,
+        message=failed.reason[:32768],
+        last_transition_time=detected,
+        observed_generation=workload.generation,
+    )
+    current = workload.status.get("conditions") or []
+    conditions = [common.Condition.model_validate(c) for c in current]
+    await k8s_status.patch_status(
+        trainingjob.PLURAL,
+        workload.namespace,
+        workload.name,
+        {
+            "phase": trainingjob.Phase.FAILED.value,
+            "conditions": [common.to_wire(c) for c in common.set_condition(conditions, condition)],
+        },
+    )
+    metrics.RECOVERY_FAILURES.labels(failed.code).inc()
+    _event(workload, "Warning", failed.code, failed.reason)
+    log.warning("job failed", job=workload.key, reason=failed.code, message=failed.reason)
+
+
+# ---- status.checkpoints ----------------------------------------------------------------------
+
+
+async def poll_checkpoints(
+    workload: Workload, facts: Sequence[convert.PodFacts], nodes: Mapping[str, inventory.NodeInfo]
+) -> None:
+    """status.checkpoints from the daemons of the job's nodes, every POLL_SECONDS."""
+    assert isinstance(workload.model, trainingjob.TrainingJob)
+    now = clock.SYSTEM.monotonic()
+    if now - STATE.polled_at.get(workload.key, float("-inf")) < POLL_SECONDS:
+        return
+    STATE.polled_at[workload.key] = now
+    endpoints = {
+        p.node: nodes[p.node].endpoint
+        for p in facts
+        if p.node and p.node in nodes and nodes[p.node].endpoint
+    }
+    if not endpoints:
+        return
+    spec = workload.model.spec
+    persistent = spec.checkpoint.persistent.uri if spec.checkpoint.persistent else None
+    found = await checkpoints.inventory(
+        checkpoints.job_id(workload.namespace, workload.name), endpoints, persistent
+    )
+    committed = found.committed(world_size(workload))
+    known = STATE.checkpoints.get(workload.key) or workload.status.get("checkpoints") or {}
+    merged = {t: _kept(committed.get(t), known.get(t)) for t in ("memory", "local", "persistent")}
+    if merged != {t: known.get(t) for t in merged}:
+        STATE.checkpoints[workload.key] = merged
+        await k8s_status.patch_status(
+            trainingjob.PLURAL, workload.namespace, workload.name, {"checkpoints": merged}
+        )
+
+
+def _kept(found: int | None, known: Any) -> int | None:
+    """A tier the daemons no longer report (one restarted, empty) keeps its last step; a
+    recovery's roll-back shows as the step going down, which is what happened."""
+    if found is None:
+        return known if isinstance(known, int) else None
+    return found
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+
+
+def _recovery_id(value: str) -> str:
+    try:
+        parsed = checkpoints.parse_restore(value)
+    except ValueError:
+        return ""
+    return parsed.recovery if parsed else ""
+
+
+def _down(nodes: Mapping[str, inventory.NodeInfo], node: str | None) -> bool:
+    return node is not None and (node not in nodes or nodes[node].down)
+
+
+def _lost(steps: Any) -> str:
+    return "unknown" if steps is None else str(steps)
+
+
+def _event(workload: Workload, kind: str, reason: str, message: str) -> None:
+    kopf.event(cast(kopf.Body, workload.ref), type=kind, reason=reason, message=message[:1024])
