@@ -65,22 +65,29 @@ def main() -> int:
             folder / "sim.log",
             ["--step-seconds", "2"],
         )
-        operator = spawn(
-            [sys.executable, "-m", "matrixpool.cli", "run"],
-            {
-                **env,
-                "MATRIXPOOL_LOG_FORMAT": "json",
+        operator_env = {
+            **env,
+            "MATRIXPOOL_LOG_FORMAT": "json",
+            "MATRIXPOOL_CKPT_TOKEN_FILE": str(folder / "sim" / "token"),
+        }
+        run = [sys.executable, "-m", "matrixpool.cli", "run"]
+        operators = [spawn(run, operator_env, folder / "operator.log")]
+
+        def restart() -> None:
+            """A fresh operator whose scaled clock starts now at CLOCK_START (night)."""
+            os.killpg(operators[-1].pid, signal.SIGTERM)
+            operators[-1].wait(timeout=60)
+            clocked = {
+                **operator_env,
                 "MATRIXPOOL_CLOCK_START": CLOCK_START,
                 "MATRIXPOOL_CLOCK_SPEED": str(SPEED),
-                "MATRIXPOOL_CKPT_TOKEN_FILE": str(folder / "sim" / "token"),
-            },
-            folder / "operator.log",
-        )
-        started = time.perf_counter()
+            }
+            operators.append(spawn(run, clocked, folder / "operator.log"))
+
         try:
-            figures = measure(k8s_client.from_kubeconfig(local.kubeconfig), started, say)
+            figures = measure(k8s_client.from_kubeconfig(local.kubeconfig), restart, say)
         finally:
-            for process in (operator, sim):
+            for process in (operators[-1], sim):
                 os.killpg(process.pid, signal.SIGTERM)
                 process.wait(timeout=60)
             local.down(quiet=True)
@@ -101,7 +108,7 @@ def spawn(
         )
 
 
-def measure(api: k8s_client.Api, started: float, say: Any) -> dict[str, Any]:
+def measure(api: k8s_client.Api, restart: Any, say: Any) -> dict[str, Any]:
     api.core.create_namespace({"metadata": {"name": NAMESPACE}})
     api.custom.create_cluster_custom_object(GROUP, VERSION, "supernodes", supernode(sharing=False))
     wait(lambda: bool(cards(api).get("total")), 60)
@@ -117,6 +124,8 @@ def measure(api: k8s_client.Api, started: float, say: Any) -> dict[str, Any]:
     wait(lambda: pods(api, "chat") == 0, 120)
 
     say("night: time-sharing on, the night-only job on 320 cards, then the day boundary")
+    restart()
+    started = time.perf_counter()
     body = api.custom.get_cluster_custom_object(GROUP, VERSION, "supernodes", "sn-0")
     body["spec"] = supernode(sharing=True)["spec"]
     api.custom.replace_cluster_custom_object(GROUP, VERSION, "supernodes", "sn-0", body)
@@ -155,7 +164,7 @@ def transition(api: k8s_client.Api, window: str, timeout: float) -> dict[str, An
         move = (body.get("status") or {}).get("transition") or {}
         return move if move.get("window") == window and move.get("settledAt") else None
 
-    return wait_value(probe, timeout)
+    return dict(wait_value(probe, timeout))
 
 
 def suspension(api: k8s_client.Api) -> dict[str, Any]:
