@@ -50,7 +50,7 @@ chaos: venv binaries
 checkpoint: venv
 	$(BIN)/pytest tests/checkpoint -q
 
-test: lint typecheck imports crds-check helm-lint unit integration checkpoint
+test: lint typecheck imports crds-check helm-lint unit integration checkpoint chaos
 
 demo: venv binaries
 	$(BIN)/matrixpool demo

@@ -130,6 +130,9 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--step-seconds", type=float, default=0.5, help="seconds per training step")
     sim.add_argument("--state-bytes", type=int, default=64 << 10, help="state bytes per rank")
     sim.add_argument("--folder", type=Path, help="where daemons keep data and logs")
+    sim.add_argument(
+        "--port", type=int, default=None, help="port of every daemon on its loopback address"
+    )
     sim.set_defaults(handler=_sim)
 
     demo = commands.add_parser("demo", help="local cluster + operator + examples")
@@ -237,6 +240,7 @@ def _sim(args: argparse.Namespace) -> int:
         frozenset(args.supernode),
         args.step_seconds,
         args.state_bytes,
+        **({"port": args.port} if args.port else {}),
     )
     print(
         f"simulating nodes of {', '.join(args.supernode) or 'every supernode'}; "

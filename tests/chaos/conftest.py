@@ -20,9 +20,12 @@ CARDS = "matrixpool.dev/cards"
 RESERVED = "matrixpool.dev/node"
 
 
-@pytest.fixture
-def sim(cluster: framework.TestCluster, tmp_path: Path) -> Iterator[framework.Sim]:
-    process = framework.Sim(cluster, tmp_path / "sim").start()
+@pytest.fixture(scope="session")
+def sim(
+    cluster: framework.TestCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[framework.Sim]:
+    """One sim for the session: a daemon per node of every supernode (faults restart them)."""
+    process = framework.Sim(cluster, tmp_path_factory.mktemp("sim") / "sim").start()
     try:
         yield process
     finally:

@@ -6,8 +6,9 @@ entry in status.recoveries."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -94,16 +95,22 @@ def wait_recovered(
     return framework.eventually(probe, timeout=timeout, what=f"recovery {count} of {JOB}")
 
 
-def restored_lines(sim: framework.Sim, rank: int, recovery: str) -> list[dict[str, Any]]:
+def restored_lines(
+    sim: framework.Sim, namespace: str, rank: int, recovery: str
+) -> list[dict[str, Any]]:
     return [
         line
-        for line in sim.trainer_lines(f"{JOB}-{rank}")
+        for line in sim.trainer_lines(namespace, f"{JOB}-{rank}")
         if line.get("recovery") == recovery and "restored" in line
     ]
 
 
 def assert_restored(
-    sim: framework.Sim, entry: dict[str, Any], ranks: int, committed_before: int
+    sim: framework.Sim,
+    namespace: str,
+    entry: dict[str, Any],
+    ranks: int,
+    committed_before: int,
 ) -> dict[int, dict[str, Any]]:
     """Every rank reloaded the entry's step, intact; that step is no older than the newest
     one committed before the fault. Returns each rank's restore line."""
@@ -112,7 +119,7 @@ def assert_restored(
     found = {}
     for rank in range(ranks):
         lines = framework.eventually(
-            lambda rank=rank: restored_lines(sim, rank, entry["id"]),
+            lambda rank=rank: restored_lines(sim, namespace, rank, entry["id"]),
             timeout=30,
             what=f"rank {rank} restores for {entry['id']}",
         )
@@ -125,12 +132,6 @@ def assert_restored(
 
 def node_of(cluster: framework.TestCluster, namespace: str) -> dict[int, str]:
     return {rank: pod.spec.node_name for rank, pod in pods(cluster, namespace).items()}
-
-
-def timed(action: Callable[[], object]) -> float:
-    started = time.monotonic()
-    action()
-    return time.monotonic() - started
 
 
 # ---- 1. node down under a rank --------------------------------------------------------------
@@ -165,7 +166,240 @@ def test_node_down_under_a_rank_swaps_it_to_a_spare_from_the_peer_copy(
     assert {r: n for r, n in now.items() if r != 1} == {r: n for r, n in placed.items() if r != 1}
     assert entry["lostSteps"] is not None, entry
     assert entry["lostSteps"] <= MEMORY_EVERY, entry
-    lines = assert_restored(sim, entry, 4, committed)
+    lines = assert_restored(sim, namespace, entry, 4, committed)
     assert lines[1]["source"].startswith("peer"), str(lines[1])  # the dead node's memory is gone
     assert before["replicas"]["desired"] == 4
     wait_training(cluster, namespace, past=entry["restoredStep"] + 2)
+
+
+# ---- 2. two nodes of one rack at once -------------------------------------------------------
+
+
+def rack_mates(cluster: framework.TestCluster, placed: dict[int, str]) -> tuple[str, str]:
+    """Two nodes of the gang in one rack."""
+    racks: dict[str, list[str]] = {}
+    for node in sorted(set(placed.values())):
+        labels = cluster.api.core.read_node(node).metadata.labels
+        racks.setdefault(labels["matrixpool.dev/rack"], []).append(node)
+    pair = next(nodes for nodes in racks.values() if len(nodes) >= 2)
+    return pair[0], pair[1]
+
+
+def test_two_nodes_of_a_rack_swap_to_two_spares_or_reschedule_with_one(
+    cluster: framework.TestCluster,
+    operator: framework.Operator,
+    sim: framework.Sim,
+    namespace: str,
+    two_supernodes: list[str],
+    cards: CardSampler,
+    tmp_path: Path,
+) -> None:
+    # Two spares: both failed nodes swap, in one recovery.
+    cluster.kubectl("apply", "-f", "-", input=manifests.supernode("sn-0", spares=2).yaml())
+    start_job(cluster, namespace, tmp_path, replicas=8)
+    wait_training(cluster, namespace, past=6)
+    placed = node_of(cluster, namespace)
+    down = rack_mates(cluster, placed)
+    committed = status(cluster, namespace)["checkpoints"]["memory"]
+    cluster.matrixpool("cluster", "fault", "node-down", *down)
+    try:
+        entry = wait_recovered(cluster, namespace, 1)
+    finally:
+        cluster.matrixpool("cluster", "fault", "node-up", *down)
+    assert entry["level"] == "SpareSwap", entry
+    assert sorted(entry["moves"]) == sorted(down)
+    assert len(set(entry["moves"].values())) == 2  # one spare per failed node
+    assert entry["ranks"] == sorted(r for r, n in placed.items() if n in down)
+    assert_restored(sim, namespace, entry, 8, committed)
+
+    # One spare (the other failed node is not back): the whole gang is placed again.
+    cluster.kubectl("apply", "-f", "-", input=manifests.supernode("sn-0", spares=1).yaml())
+    wait_training(cluster, namespace, past=entry["restoredStep"] + 4)
+    placed = node_of(cluster, namespace)
+    down = rack_mates(cluster, placed)
+    committed = status(cluster, namespace)["checkpoints"]["memory"]
+    cluster.matrixpool("cluster", "fault", "node-down", *down)
+    try:
+        entry = wait_recovered(cluster, namespace, 2)
+    finally:
+        cluster.matrixpool("cluster", "fault", "node-up", *down)
+    assert entry["level"] == "Reschedule", entry
+    assert entry["ranks"] == list(range(8))
+    assert not set(node_of(cluster, namespace).values()) & set(down)
+    assert_restored(sim, namespace, entry, 8, committed)
+
+
+# ---- 3. one card unhealthy ---------------------------------------------------------------------
+
+
+def test_one_unhealthy_card_moves_only_the_rank_that_holds_it(
+    cluster: framework.TestCluster,
+    operator: framework.Operator,
+    sim: framework.Sim,
+    namespace: str,
+    two_supernodes: list[str],
+    cards: CardSampler,
+    tmp_path: Path,
+) -> None:
+    start_job(cluster, namespace, tmp_path)
+    wait_training(cluster, namespace, past=6)
+    placed = node_of(cluster, namespace)
+    sick = placed[2]
+    committed = status(cluster, namespace)["checkpoints"]["memory"]
+    cluster.matrixpool("cluster", "fault", "cards", sick, "3")
+    try:
+        entry = wait_recovered(cluster, namespace, 1)
+    finally:
+        cluster.matrixpool("cluster", "fault", "cards", sick, "")
+    assert entry["level"] == "SpareSwap", entry
+    assert entry["cause"] == f"CardsUnhealthy on {sick} cards [3]", entry
+    assert entry["ranks"] == [2]
+    now = node_of(cluster, namespace)
+    assert now[2] == entry["moves"][sick]
+    assert {r: n for r, n in now.items() if r != 2} == {r: n for r, n in placed.items() if r != 2}
+    assert_restored(sim, namespace, entry, 4, committed)
+
+
+# ---- 4. a trainer process crashes on a healthy node -------------------------------------------
+
+
+def test_a_crashed_trainer_restarts_in_place_from_its_nodes_memory(
+    cluster: framework.TestCluster,
+    operator: framework.Operator,
+    sim: framework.Sim,
+    namespace: str,
+    two_supernodes: list[str],
+    cards: CardSampler,
+    tmp_path: Path,
+) -> None:
+    start_job(cluster, namespace, tmp_path)
+    wait_training(cluster, namespace, past=6)
+    placed = node_of(cluster, namespace)
+    committed = status(cluster, namespace)["checkpoints"]["memory"]
+    pid_file = sim.folder / "trainers" / f"{placed[3]}.{namespace}.{JOB}-3.pid"
+    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    entry = wait_recovered(cluster, namespace, 1)
+    assert entry["level"] == "InPlace", entry
+    assert entry["cause"] == f"PodFailed on {placed[3]}", entry
+    assert entry["ranks"] == [3]
+    assert node_of(cluster, namespace) == placed  # nobody moved
+    lines = assert_restored(sim, namespace, entry, 4, committed)
+    # From its own node's daemon: memory, or its disk when that holds a newer common step.
+    assert lines[3]["source"] in (f"memory:{placed[3]}", f"local:{placed[3]}"), lines[3]
+    assert entry["lostSteps"] <= MEMORY_EVERY, entry
+
+
+# ---- 5. the operator killed in the middle of a recovery --------------------------------------
+
+
+def test_a_recovery_cut_short_by_an_operator_kill_is_finished_once_by_the_next(
+    cluster: framework.TestCluster,
+    sim: framework.Sim,
+    namespace: str,
+    two_supernodes: list[str],
+    cards: CardSampler,
+    tmp_path: Path,
+) -> None:
+    token = {"MATRIXPOOL_CKPT_TOKEN_FILE": str(sim.token_file)}
+    slow = {**token, "MATRIXPOOL_RECOVERY_PAUSE_SECONDS": "60"}  # stops after writing the plan
+    first = framework.Operator(cluster, tmp_path / "first.log", env=slow).start()
+    second = framework.Operator(cluster, tmp_path / "second.log", env=token)
+    try:
+        start_job(cluster, namespace, tmp_path)
+        wait_training(cluster, namespace, past=6)
+        victim = node_of(cluster, namespace)[0]
+        committed = status(cluster, namespace)["checkpoints"]["memory"]
+        cluster.matrixpool("cluster", "fault", "node-down", victim)
+        try:
+            plan = framework.eventually(
+                lambda: status(cluster, namespace).get("recovering"),
+                timeout=30,
+                what="the recovery plan in status",
+            )
+            first.kill()  # SIGKILL with the plan written and no pod touched
+            assert status(cluster, namespace).get("recoveries") in (None, [])
+            second.start()
+            entry = wait_recovered(cluster, namespace, 1)
+        finally:
+            cluster.matrixpool("cluster", "fault", "node-up", victim)
+        assert entry["id"] == plan["id"]
+        assert entry["level"] == plan["level"] == "SpareSwap"
+        assert_restored(sim, namespace, entry, 4, committed)
+        time.sleep(3)  # a second operator loop must not append it again
+        assert [e["id"] for e in status(cluster, namespace)["recoveries"]] == [plan["id"]]
+    finally:
+        first.kill()
+        second.kill()
+        for operator in (first, second):
+            if operator.log_path.exists():
+                print(operator.log()[-8000:])
+
+
+# ---- 6. kube-apiserver restarted during steady training ------------------------------------
+
+
+def test_an_api_server_restart_causes_no_recovery_and_loses_nothing(
+    cluster: framework.TestCluster,
+    operator: framework.Operator,
+    sim: framework.Sim,
+    namespace: str,
+    two_supernodes: list[str],
+    cards: CardSampler,
+    tmp_path: Path,
+) -> None:
+    start_job(cluster, namespace, tmp_path)
+    before = wait_training(cluster, namespace, past=6)["checkpoints"]["memory"]
+    placed = node_of(cluster, namespace)
+    cluster.local.restart("kube-apiserver")
+    after = wait_training(cluster, namespace, past=before + 20, timeout=120)
+    current = status(cluster, namespace)
+    assert not current.get("recoveries"), current["recoveries"]
+    assert after["checkpoints"]["memory"] > before
+    assert node_of(cluster, namespace) == placed
+    for rank in range(4):  # one trainer per rank, never restored: it just went on
+        restores = [
+            line for line in sim.trainer_lines(namespace, f"{JOB}-{rank}") if "restored" in line
+        ]
+        assert len(restores) == 1, f"rank {rank} restarted: {restores}"
+        assert restores[0]["restored"] is None
+
+
+# ---- 7. every daemon of a supernode killed ----------------------------------------------------
+
+
+def test_every_daemon_of_a_supernode_killed_reschedules_onto_another_from_tier_3(
+    cluster: framework.TestCluster,
+    operator: framework.Operator,
+    sim: framework.Sim,
+    namespace: str,
+    two_supernodes: list[str],
+    cards: CardSampler,
+    tmp_path: Path,
+) -> None:
+    start_job(cluster, namespace, tmp_path, supernode=None, persistent_every=4)
+    before = framework.eventually(
+        lambda: (
+            (s := wait_training(cluster, namespace, past=6))["checkpoints"].get("persistent") and s
+        ),
+        timeout=60,
+        what="a persistent checkpoint",
+    )
+    first = before["placement"]["superNode"]
+    members = [
+        n.metadata.name
+        for n in cluster.api.core.list_node(
+            label_selector=f"matrixpool.dev/supernode={first}"
+        ).items
+    ]
+    persisted = status(cluster, namespace)["checkpoints"]["persistent"]
+    cluster.matrixpool("cluster", "fault", "daemon-down", *members)
+    try:
+        entry = wait_recovered(cluster, namespace, 1, timeout=120)
+        after = status(cluster, namespace)
+    finally:
+        cluster.matrixpool("cluster", "fault", "daemon-up", *members)
+    assert entry["level"] == "Reschedule", entry
+    assert entry["cause"].startswith("DaemonUnreachable"), entry
+    assert after["placement"]["superNode"] != first
+    lines = assert_restored(sim, namespace, entry, 4, persisted)
+    assert {line["source"] for line in lines.values()} == {"persistent"}

@@ -155,6 +155,7 @@ class Sim:
     def start(self) -> Sim:
         argv = [sys.executable, "-m", "matrixpool.cli", "sim", "--folder", str(self.folder)]
         argv += ["--step-seconds", str(self.step_seconds)]
+        argv += ["--port", str(cluster.free_ports(1)[0])]  # other sims may run beside
         for name in self.supernodes:
             argv += ["--supernode", name]
         log = open(self.folder.with_suffix(".log"), "ab")  # noqa: SIM115 -- the child's
@@ -166,7 +167,11 @@ class Sim:
             start_new_session=True,
         )
         log.close()
-        eventually(lambda: self.token_file.exists(), timeout=30, what="the sim's token")
+        eventually(
+            lambda: (self.folder / "serving").exists(),
+            timeout=180,
+            what="every simulated node's checkpoint daemon published",
+        )
         return self
 
     @property
@@ -182,10 +187,10 @@ class Sim:
         path = self.folder.with_suffix(".log")
         return path.read_text(errors="replace") if path.exists() else ""
 
-    def trainer_lines(self, pod: str) -> list[dict[str, Any]]:
+    def trainer_lines(self, namespace: str, pod: str) -> list[dict[str, Any]]:
         """Every JSON line the trainers of ``pod`` printed (on any node), oldest first."""
         lines: list[dict[str, Any]] = []
-        for path in sorted((self.folder / "trainers").glob(f"*.{pod}.log")):
+        for path in sorted((self.folder / "trainers").glob(f"*.{namespace}.{pod}.log")):
             for line in path.read_text(errors="replace").splitlines():
                 if line.startswith("{"):
                     try:

@@ -30,13 +30,13 @@ from typing import Any
 
 from matrixpool import checkpoints
 from matrixpool.api import labels
-from matrixpool.devcluster import faults
+from matrixpool.devcluster import cluster, faults
 from matrixpool.k8s import client as k8s_client
 from matrixpool_recovery import peers as peer_policy
 from matrixpool_recovery import policy
 
 PERIOD = 0.5  # seconds between reconciliations
-PORT = 7040  # every daemon listens on this port of its own loopback address
+PORT = 7040  # every daemon listens on this port of its own loopback address (--port)
 ENDPOINT_ANNOTATION = labels.CKPT_ENDPOINT
 
 
@@ -70,6 +70,7 @@ class Sim:
     step_seconds: float = 0.5
     state_bytes: int = 64 << 10
     token: str = field(default_factory=lambda: secrets.token_hex(16))
+    port: int = field(default_factory=lambda: PORT)  # two sims on one machine need two ports
     daemons: dict[str, Process] = field(default_factory=dict)  # node → its daemon
     trainers: dict[str, Process] = field(default_factory=dict)  # pod uid → its trainer
     addresses: dict[str, str] = field(default_factory=dict)  # node → loopback address
@@ -137,7 +138,7 @@ class Sim:
         return self.addresses[node]
 
     def endpoint(self, node: str) -> str:
-        return f"{self.address(node)}:{PORT}"
+        return f"{self.address(node)}:{self.port}"
 
     def start_daemon(self, node: str) -> None:
         memory = self.folder / "memory" / node
@@ -164,16 +165,29 @@ class Sim:
         self.published.discard(node)
 
     def publish(self, nodes: dict[str, Any]) -> None:
-        """Put each serving daemon's endpoint on its Node (once it answers, not before)."""
-        for node, daemon in self.daemons.items():
-            if node in self.published or not daemon.ready():
+        """Put each serving daemon's endpoint on its Node (once it answers, not before), and
+        take off endpoints no daemon of this sim serves (left by an earlier sim)."""
+        for node, body in nodes.items():
+            daemon = self.daemons.get(node)
+            current = (body.metadata.annotations or {}).get(ENDPOINT_ANNOTATION)
+            if daemon is not None and daemon.ready():
+                if node not in self.published and current != self.endpoint(node):
+                    value: str | None = self.endpoint(node)
+                else:
+                    self.published.add(node)
+                    continue
+            elif current and current != self.endpoint(node):
+                value = None  # stale: nobody answers there
+            else:
                 continue
-            annotations = nodes[node].metadata.annotations or {}
-            if annotations.get(ENDPOINT_ANNOTATION) != self.endpoint(node):
-                patch = {"metadata": {"annotations": {ENDPOINT_ANNOTATION: self.endpoint(node)}}}
-                self.api.core.patch_node(node, patch)
-            self.published.add(node)
-        self.peers.pop(node, None)
+            self.api.core.patch_node(
+                node, {"metadata": {"annotations": {ENDPOINT_ANNOTATION: value}}}
+            )
+            if value:
+                self.published.add(node)
+        serving = self.folder / "serving"
+        if not serving.exists() and nodes and all(n in self.published for n in nodes):
+            serving.write_text(f"{len(nodes)} daemons\n")  # for scripts that wait for the sim
 
     def lose_node(self, node: str) -> None:
         """The node is down or gone: its daemon and trainers die, its memory with them."""
@@ -307,6 +321,9 @@ class Sim:
             "MATRIXPOOL_CHECKPOINT": json.dumps(checkpoint),
             "MATRIXPOOL_RESTORE": restore,
             "MATRIXPOOL_ANNOTATIONS_FILE": str(self.annotations_file(pod.metadata.uid)),
+            "MATRIXPOOL_SIM_BARRIER": str(
+                self.folder / "barriers" / f"{namespace}.{job}.w{_world_size(gang)}"
+            ),
             "MATRIXPOOL_SIM_STEP_SECONDS": str(self.step_seconds),
             "MATRIXPOOL_SIM_STATE_BYTES": str(self.state_bytes),
         }
@@ -338,6 +355,7 @@ def _script(name: str) -> str:
 
 
 def _spawn(args: Iterable[str], log: Path, env: dict[str, str] | None = None) -> Process:
+    """A child that dies with the sim, however the sim ends (no daemon outlives it)."""
     import os
 
     with open(log, "ab") as out:
@@ -347,5 +365,6 @@ def _spawn(args: Iterable[str], log: Path, env: dict[str, str] | None = None) ->
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env={**os.environ, **(env or {})},
+            preexec_fn=cluster._die_with_parent,
         )
     return Process(popen, log)

@@ -10,9 +10,11 @@ What it does, as a real trainer would:
    ``MATRIXPOOL_RESTORE``; see :mod:`matrixpool.checkpoints`), else starts at step 0.
 2. It advances one step every ``MATRIXPOOL_SIM_STEP_SECONDS`` and checkpoints as the job's spec
    says, with the real :class:`~matrixpool_recovery.client.Checkpointer`.
-3. Between steps it reads its pod's annotations (``MATRIXPOOL_ANNOTATIONS_FILE``, the
+3. After each step it waits until every rank of the gang finished it (:class:`Barrier`, the
+   stand-in for collectives), so ranks stay in step and a dead rank stops the others.
+4. Between steps it reads its pod's annotations (``MATRIXPOOL_ANNOTATIONS_FILE``, the
    downward-API format ``key="value"``): a new ``matrixpool.dev/checkpoint-request`` id is
-   answered by saving the next step to every configured tier at once; a new
+   answered by saving an agreed near step to every configured tier; a new
    ``matrixpool.dev/restore`` (a recovery rolled the gang back) reloads that step in place.
 
 It reports progress as JSON lines on stdout: ``{"rank", "step", "restored", "source", ...}``.
@@ -23,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import struct
 import sys
 import time
 from collections.abc import Mapping
@@ -61,8 +64,52 @@ def read_annotations(path: str | None) -> dict[str, str]:
     return found
 
 
+class Barrier:
+    """The gang's step barrier, as collectives make one: a file of one int64 per rank (the
+    newest step the rank finished); a rank goes on to step s+1 only once every rank finished
+    s. A rank that died leaves its slot behind, so the others wait for its replacement, as
+    real ranks hang in their next all-reduce. Also where ranks agree on the step that answers
+    a checkpoint request (the first rank to see it writes it, the others read it)."""
+
+    def __init__(self, path: Path, world_size: int) -> None:
+        self.path, self.world_size = path, world_size
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            if os.fstat(fd).st_size < 8 * world_size:
+                os.pwrite(fd, struct.pack(f"<{world_size}q", *([-1] * world_size)), 0)
+        finally:
+            os.close(fd)
+
+    def arrive(self, rank: int, step: int) -> None:
+        fd = os.open(self.path, os.O_RDWR)
+        try:
+            os.pwrite(fd, struct.pack("<q", step), 8 * rank)
+        finally:
+            os.close(fd)
+
+    def slowest(self) -> int:
+        data = self.path.read_bytes()[: 8 * self.world_size]
+        return min(int(v) for v in struct.unpack(f"<{self.world_size}q", data))
+
+    def answer_step(self, request: str, proposal: int) -> int:
+        """The step every rank saves to answer ``request``: the first proposal written."""
+        agreed = self.path.with_name(f"{self.path.name}.answer.{request}")
+        try:
+            fd = os.open(agreed, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            for _ in range(100):  # the winner may still be writing it
+                if text := agreed.read_text().strip():
+                    return int(text)
+                time.sleep(0.01)
+            return proposal
+        with os.fdopen(fd, "w") as out:
+            out.write(str(proposal))
+        return proposal
+
+
 class Trainer:
-    """One rank's loop."""
+    """One rank's loop: compute, save, wait for the gang, follow the pod's annotations."""
 
     def __init__(self, env: Mapping[str, str]) -> None:
         self.env = env
@@ -71,18 +118,24 @@ class Trainer:
         self.size = int(env.get("MATRIXPOOL_SIM_STATE_BYTES") or STATE_BYTES)
         self.pause = float(env.get("MATRIXPOOL_SIM_STEP_SECONDS") or 0.5)
         self.annotations_file = env.get("MATRIXPOOL_ANNOTATIONS_FILE")
+        barrier = env.get("MATRIXPOOL_SIM_BARRIER")
+        world = self.checkpointer.world_size
+        self.barrier = Barrier(Path(barrier), world) if barrier else None
         seen = read_annotations(self.annotations_file)
         self.restore_seen = env.get("MATRIXPOOL_RESTORE") or seen.get(labels.RESTORE, "")
         self.request_seen = seen.get(labels.CHECKPOINT_REQUEST, "")
+        self.answer_at: tuple[str, int] | None = None  # (request, step) to save on every tier
         self.step = self.restore(self.restore_seen)
 
     def run(self) -> None:
         try:
             while True:
+                time.sleep(self.pause)  # the step's compute
                 self.step += 1
-                self.checkpointer.save(self.step, {"state": self.state(self.step)})
-                report(rank=self.rank, step=self.step)
-                time.sleep(self.pause)
+                self.save(self.step)
+                if self.barrier is not None:
+                    self.barrier.arrive(self.rank, self.step)
+                self.wait_for_gang()
                 self.follow_annotations()
         finally:
             self.checkpointer.close()
@@ -90,21 +143,40 @@ class Trainer:
     def state(self, step: int) -> bytes:
         return state_of(self.job, self.rank, step, self.size)
 
-    def follow_annotations(self) -> None:
+    def save(self, step: int) -> None:
+        if self.answer_at is not None and step >= self.answer_at[1]:
+            request, _ = self.answer_at
+            self.answer_at = None
+            tiers = self.checkpointer.spec.configured()
+            handle = self.checkpointer.save(step, {"state": self.state(step)}, tiers=tiers)
+            handle.done.wait()
+            report(rank=self.rank, step=step, answered=request, tiers=list(tiers))
+            return
+        self.checkpointer.save(step, {"state": self.state(step)})
+        report(rank=self.rank, step=step)
+
+    def wait_for_gang(self) -> None:
+        """Until every rank finished this step; a new restore ends the wait (and rolls back)."""
+        while self.barrier is not None and self.barrier.slowest() < self.step:
+            if self.follow_annotations():
+                return
+            time.sleep(0.02)
+
+    def follow_annotations(self) -> bool:
+        """React to a new checkpoint request or restore; True when the rank rolled back."""
         seen = read_annotations(self.annotations_file)
         request = seen.get(labels.CHECKPOINT_REQUEST, "")
         if request and request != self.request_seen:
             self.request_seen = request
-            self.step += 1
-            tiers = self.checkpointer.spec.configured()
-            state = {"state": self.state(self.step)}
-            handle = self.checkpointer.save(self.step, state, tiers=tiers)
-            handle.done.wait()
-            report(rank=self.rank, step=self.step, answered=request, tiers=list(tiers))
+            proposal = self.step + 2  # ranks are at most one step apart: both can make it
+            agreed = self.barrier.answer_step(request, proposal) if self.barrier else proposal
+            self.answer_at = (request, agreed)
         restore = seen.get(labels.RESTORE, "")
         if restore and restore != self.restore_seen:
             self.restore_seen = restore
             self.step = self.restore(restore)
+            return True
+        return False
 
     def restore(self, where: str | None) -> int:
         """The step to continue from: the restored one, or 0 for a fresh start."""
@@ -139,6 +211,8 @@ class Trainer:
             skipped=list(restored.skipped),
             asked=where,
         )
+        if self.barrier is not None:
+            self.barrier.arrive(self.rank, restored.step)
         return restored.step
 
 

@@ -31,7 +31,9 @@ every :data:`POLL_SECONDS`.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
+import os
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -51,7 +53,10 @@ from matrixpool_recovery import manifest, policy
 
 log = structlog.get_logger(__name__)
 
-PROBE_SECONDS = 0.5  # daemon heartbeat period
+PROBE_SECONDS = 0.5  # heartbeat period of the daemons under training ranks
+IDLE_PROBE_SECONDS = 5.0  # heartbeat period of every other daemon (spares, idle nodes)
+SETTLE_SECONDS = 1.0  # faults seen within this long of the first are decided together
+PAUSE_VARIABLE = "MATRIXPOOL_RECOVERY_PAUSE_SECONDS"  # test knob: stop after writing the plan
 UNREACHABLE_AFTER = 1.0  # seconds a daemon must stay silent to count as unreachable
 POLL_SECONDS = 2.0  # status.checkpoints refresh period per running job
 
@@ -62,12 +67,19 @@ class State:
 
     silent_since: dict[str, float] = field(default_factory=dict)  # node → first failed probe
     probed_at: float = float("-inf")
+    idle_probed_at: float = float("-inf")
     polled_at: dict[str, float] = field(default_factory=dict)  # job → last checkpoints poll
     checkpoints: dict[str, dict[str, int | None]] = field(default_factory=dict)  # job → written
     recorded: set[str] = field(default_factory=set)  # recovery ids appended to status
+    first_seen: dict[str, float] = field(default_factory=dict)  # job → first fault seen
 
     def unreachable(self, now: float) -> frozenset[str]:
         return frozenset(n for n, t in self.silent_since.items() if now - t >= UNREACHABLE_AFTER)
+
+    def silent(self, nodes: Iterable[str], now: float) -> None:
+        """Daemons that did not answer an inventory request: unreachable at once."""
+        for node in nodes:
+            self.silent_since[node] = min(self.silent_since.get(node, now), now - UNREACHABLE_AFTER)
 
 
 STATE = State()
@@ -95,10 +107,12 @@ async def run(world: scheduler.World) -> None:
                 await carry_out(workload, recovery, facts, nodes, lost)
                 continue
             faults = detect(world_size(workload), facts, nodes, lost, workload)
-            if faults:
-                await start(workload, faults, world, lost)
-            else:
+            if not faults:
+                STATE.first_seen.pop(workload.key, None)
                 await poll_checkpoints(workload, facts, nodes)
+            elif settled(workload.key, faults):
+                STATE.first_seen.pop(workload.key, None)
+                await start(workload, faults, world, lost)
         except Exception:  # one job's trouble must not stop the others' recoveries
             log.exception("recovery step failed; retrying", job=workload.key)
 
@@ -107,11 +121,15 @@ async def run(world: scheduler.World) -> None:
 
 
 async def probe(world: scheduler.World) -> None:
-    """Probe the daemons of nodes that hold training ranks (every PROBE_SECONDS)."""
+    """Probe the daemons under training ranks every PROBE_SECONDS, the others (spares and
+    idle nodes, where a gang may land) every IDLE_PROBE_SECONDS."""
     now = clock.SYSTEM.monotonic()
     if now - STATE.probed_at < PROBE_SECONDS:
         return
     STATE.probed_at = now
+    everyone = now - STATE.idle_probed_at >= IDLE_PROBE_SECONDS
+    if everyone:
+        STATE.idle_probed_at = now
     busy = {
         p.node
         for w in world.workloads
@@ -120,7 +138,9 @@ async def probe(world: scheduler.World) -> None:
         if p.node
     }
     endpoints: dict[str, str] = {
-        n.name: n.endpoint for n in world.nodes if n.endpoint and n.name in busy
+        n.name: n.endpoint
+        for n in world.nodes
+        if n.endpoint and (everyone or n.name in busy or n.name in STATE.silent_since)
     }
     answers = await checkpoints.probe(endpoints)
     for node, healthy in answers.items():
@@ -128,8 +148,9 @@ async def probe(world: scheduler.World) -> None:
             STATE.silent_since.pop(node, None)
         else:
             STATE.silent_since.setdefault(node, now)
+    published = {n.name for n in world.nodes if n.endpoint}
     for node in list(STATE.silent_since):
-        if node not in endpoints:
+        if node not in published:  # the node or its daemon's endpoint is gone
             del STATE.silent_since[node]
 
 
@@ -189,6 +210,18 @@ def world_size(workload: Workload) -> int:
     return scheduler.effective_replicas(workload, scheduler.MEMORY.replicas.get(workload.key))
 
 
+def settled(job: str, faults: list[policy.Fault]) -> bool:
+    """Faults are decided SETTLE_SECONDS after the first shows, so that a rack losing power
+    (its nodes going NotReady a few hundred milliseconds apart) is one recovery, not one per
+    node; a lost node's silent daemon joins its NodeDown the same way."""
+    now = clock.SYSTEM.monotonic()
+    first = STATE.first_seen.setdefault(job, now)
+    if now - first < SETTLE_SECONDS:
+        return False
+    log.info("faults settled", job=job, faults=[f.describe() for f in faults])
+    return True
+
+
 # ---- 2. decide -------------------------------------------------------------------------------
 
 
@@ -234,6 +267,7 @@ async def start(
     found = await checkpoints.inventory(
         checkpoints.job_id(workload.namespace, workload.name), endpoints, persistent
     )
+    STATE.silent(found.unreachable, clock.SYSTEM.monotonic())
     copies = list(copies_of(found.holdings, view))
     snapshot = engine.Snapshot.build(topologies, scheduler.holdings(world))
     spares = policy.Spares(
@@ -285,6 +319,8 @@ async def start(
         lost_steps=outcome.lost_steps,
         recovery=recovery["id"],
     )
+    if pause := float(os.environ.get(PAUSE_VARIABLE) or 0):
+        await asyncio.sleep(pause)  # chaos tests kill the operator here
     await carry_out(workload, recovery, world.pods.get(workload.key, []), nodes, lost)
 
 
@@ -326,7 +362,10 @@ def plan_record(
     restore = {}
     for rank in range(view.world_size):
         source = plan.sources[rank]
-        home = targets.get(str(rank), view.node_of.get(rank))
+        if plan.level == policy.Level.RESCHEDULE:
+            home = None  # no rank knows its node yet: every source is named
+        else:
+            home = targets.get(str(rank)) or view.node_of.get(rank)
         held_by = source.node if source.node and source.node != home else None
         endpoint = found.endpoints.get(held_by or "", "")
         restore[str(rank)] = checkpoints.restore_value(
