@@ -35,7 +35,7 @@ from matrixpool.k8s import client as k8s_client
 from matrixpool_recovery import peers as peer_policy
 from matrixpool_recovery import policy
 
-PERIOD = 0.5  # seconds between reconciliations
+PERIOD = 0.25  # seconds between reconciliations
 PORT = 7040  # every daemon listens on this port of its own loopback address (--port)
 ENDPOINT_ANNOTATION = labels.CKPT_ENDPOINT
 

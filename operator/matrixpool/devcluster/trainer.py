@@ -160,7 +160,7 @@ class Trainer:
         while self.barrier is not None and self.barrier.slowest() < self.step:
             if self.follow_annotations():
                 return
-            time.sleep(0.02)
+            time.sleep(0.05)
 
     def follow_annotations(self) -> bool:
         """React to a new checkpoint request or restore; True when the rank rolled back."""
@@ -189,17 +189,23 @@ class Trainer:
             report(rank=self.rank, step=0, restored=None)
             return 0
         # A reader of its own: the saves in flight (a peer copy to a dead node, say) must not
-        # hold the reload up; the daemons the operator named hold the copies it chose.
+        # hold the reload up. First only the daemons the operator named (it chose the copies:
+        # one inventory per rank, not one per rank and peer), then every peer of the gang.
         peers = self.env.get("MATRIXPOOL_CKPT_PEERS", "").split(",")
-        wider = ",".join(dict.fromkeys(p for p in [*peers, *asked.sources] if p))
-        reader = client.Checkpointer.from_env({**self.env, "MATRIXPOOL_CKPT_PEERS": wider})
-        try:
-            restored = reader.restore(asked.step)
-        except errors.NoCheckpointError as error:
-            report(rank=self.rank, step=0, restored=None, error=str(error), asked=where)
-            return 0
-        finally:
-            reader.close()
+        narrow = ",".join(asked.sources)
+        wide = ",".join(dict.fromkeys(p for p in [*peers, *asked.sources] if p))
+        attempts = [narrow, wide] if asked.step is not None else [wide]
+        for index, listed in enumerate(attempts):
+            reader = client.Checkpointer.from_env({**self.env, "MATRIXPOOL_CKPT_PEERS": listed})
+            try:
+                restored = reader.restore(asked.step)
+                break
+            except errors.NoCheckpointError as error:
+                if index == len(attempts) - 1:
+                    report(rank=self.rank, step=0, restored=None, error=str(error), asked=where)
+                    return 0
+            finally:
+                reader.close()
         expected = state_of(self.job, self.rank, restored.step, self.size)
         report(
             rank=self.rank,

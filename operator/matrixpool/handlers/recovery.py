@@ -55,7 +55,7 @@ log = structlog.get_logger(__name__)
 
 PROBE_SECONDS = 0.5  # heartbeat period of the daemons under training ranks
 IDLE_PROBE_SECONDS = 5.0  # heartbeat period of every other daemon (spares, idle nodes)
-SETTLE_SECONDS = 1.0  # faults seen within this long of the first are decided together
+SETTLE_SECONDS = 1.0  # node losses seen within this long of the first are decided together
 PAUSE_VARIABLE = "MATRIXPOOL_RECOVERY_PAUSE_SECONDS"  # test knob: stop after writing the plan
 UNREACHABLE_AFTER = 1.0  # seconds a daemon must stay silent to count as unreachable
 POLL_SECONDS = 2.0  # status.checkpoints refresh period per running job
@@ -71,7 +71,8 @@ class State:
     polled_at: dict[str, float] = field(default_factory=dict)  # job → last checkpoints poll
     checkpoints: dict[str, dict[str, int | None]] = field(default_factory=dict)  # job → written
     recorded: set[str] = field(default_factory=set)  # recovery ids appended to status
-    first_seen: dict[str, float] = field(default_factory=dict)  # job → first fault seen
+    # job → when its first fault showed (monotonic, for the settle window; wall, detectedAt)
+    first_seen: dict[str, tuple[float, datetime.datetime]] = field(default_factory=dict)
 
     def unreachable(self, now: float) -> frozenset[str]:
         return frozenset(n for n, t in self.silent_since.items() if now - t >= UNREACHABLE_AFTER)
@@ -111,8 +112,8 @@ async def run(world: scheduler.World) -> None:
                 STATE.first_seen.pop(workload.key, None)
                 await poll_checkpoints(workload, facts, nodes)
             elif settled(workload.key, faults):
-                STATE.first_seen.pop(workload.key, None)
-                await start(workload, faults, world, lost)
+                _, detected = STATE.first_seen.pop(workload.key)
+                await start(workload, faults, world, lost, detected)
         except Exception:  # one job's trouble must not stop the others' recoveries
             log.exception("recovery step failed; retrying", job=workload.key)
 
@@ -211,12 +212,14 @@ def world_size(workload: Workload) -> int:
 
 
 def settled(job: str, faults: list[policy.Fault]) -> bool:
-    """Faults are decided SETTLE_SECONDS after the first shows, so that a rack losing power
-    (its nodes going NotReady a few hundred milliseconds apart) is one recovery, not one per
-    node; a lost node's silent daemon joins its NodeDown the same way."""
+    """Node losses are decided SETTLE_SECONDS after the first shows, so that a rack losing
+    power (its nodes going NotReady a few hundred milliseconds apart) is one recovery, not one
+    per node; a lost node's silent daemon joins its NodeDown the same way. A failed pod or a
+    bad card on a healthy node is decided at once."""
     now = clock.SYSTEM.monotonic()
-    first = STATE.first_seen.setdefault(job, now)
-    if now - first < SETTLE_SECONDS:
+    first, _ = STATE.first_seen.setdefault(job, (now, clock.SYSTEM.now()))
+    losses = any(f.kind in policy.NODE_LOSSES for f in faults)
+    if losses and now - first < SETTLE_SECONDS:
         return False
     log.info("faults settled", job=job, faults=[f.describe() for f in faults])
     return True
@@ -230,10 +233,11 @@ async def start(
     faults: list[policy.Fault],
     world: scheduler.World,
     lost: frozenset[str],
+    detected: datetime.datetime,
 ) -> None:
+    """Decide, write the plan, start carrying it out; ``detected``: when the fault showed."""
     assert isinstance(workload.model, trainingjob.TrainingJob)
     spec = workload.model.spec
-    detected = clock.SYSTEM.now()
     for fault in faults:
         metrics.FAULTS.labels(fault.kind.value).inc()
     facts = [p for p in world.pods.get(workload.key, []) if not p.deleting and p.node]

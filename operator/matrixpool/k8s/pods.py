@@ -39,7 +39,7 @@ def _transient(error: BaseException) -> bool:
 
 retry = tenacity.retry(
     retry=tenacity.retry_if_exception(_transient),
-    wait=tenacity.wait_exponential_jitter(initial=0.05, max=3),
+    wait=tenacity.wait_exponential_jitter(multiplier=0.05, max=3),
     stop=tenacity.stop_after_attempt(8),
     reraise=True,
 )

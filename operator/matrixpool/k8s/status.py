@@ -26,7 +26,7 @@ def _transient(error: BaseException) -> bool:
 
 _retry = tenacity.retry(
     retry=tenacity.retry_if_exception(_transient),
-    wait=tenacity.wait_exponential_jitter(initial=0.1, max=5),
+    wait=tenacity.wait_exponential_jitter(multiplier=0.1, max=5),
     stop=tenacity.stop_after_attempt(8),
     reraise=True,
 )

@@ -1,0 +1,221 @@
+"""The recovery controller's pure parts: which faults lie under a bound gang, how daemon
+holdings become the policy's copies, when faults are settled, and how a recovering job's new
+pods are pinned (handlers.recovery, handlers.scheduler.pin)."""
+
+from __future__ import annotations
+
+import pytest
+
+from matrixpool import checkpoints, clock
+from matrixpool.handlers import recovery, scheduler
+from matrixpool.k8s import convert
+from matrixpool.placement import inventory
+from matrixpool_recovery import manifest, policy
+
+NODES = ("n0", "n1", "n2", "n3")
+
+
+def pod(
+    rank: int, node: str | None = None, phase: str = "Running", **extra: object
+) -> convert.PodFacts:
+    fields: dict[str, object] = {
+        "namespace": "ns",
+        "name": f"llm-{rank}",
+        "owner": "llm",
+        "kind": "TrainingJob",
+        "role": "trainer",
+        "replica": 0,
+        "rank": rank,
+        "node": node if node is not None else NODES[rank],
+        "reserved_node": None,
+        "cards": frozenset(range(8)),
+        "phase": phase,
+        "deleting": False,
+        "ready": phase == "Running",
+    }
+    fields.update(extra)
+    return convert.PodFacts(**fields)  # type: ignore[arg-type]
+
+
+def node(
+    name: str, *, down: bool = False, unhealthy: frozenset[int] = frozenset()
+) -> inventory.NodeInfo:
+    return inventory.NodeInfo(
+        inventory.NodeName(name), {}, not down, {"c": 8}, unhealthy, f"{name}:7040", down
+    )
+
+
+def healthy() -> dict[str, inventory.NodeInfo]:
+    return {n: node(n) for n in NODES}
+
+
+def gang() -> list[convert.PodFacts]:
+    return [pod(r) for r in range(4)]
+
+
+def kinds(faults: list[policy.Fault]) -> list[tuple[str, str, list[int], list[int]]]:
+    return [(f.kind.value, f.node, sorted(f.ranks), sorted(f.cards)) for f in faults]
+
+
+@pytest.mark.parametrize(
+    ("sentence", "nodes", "pods", "silent", "expected"),
+    [
+        ("a healthy gang has no fault", healthy(), gang(), (), []),
+        (
+            "a rank's node NotReady is NodeDown",
+            {**healthy(), "n1": node("n1", down=True)},
+            gang(),
+            (),
+            [("NodeDown", "n1", [], [])],
+        ),
+        (
+            "a rank's node gone is NodeDeleted",
+            {n: i for n, i in healthy().items() if n != "n2"},
+            gang(),
+            (),
+            [("NodeDeleted", "n2", [], [])],
+        ),
+        (
+            "a silent daemon under a rank is DaemonUnreachable",
+            healthy(),
+            gang(),
+            ("n3",),
+            [("DaemonUnreachable", "n3", [], [])],
+        ),
+        (
+            "an unhealthy card the rank holds is CardsUnhealthy, naming the card",
+            {**healthy(), "n0": node("n0", unhealthy=frozenset({3, 9}))},
+            gang(),
+            (),
+            [("CardsUnhealthy", "n0", [], [3])],
+        ),
+        (
+            "an unhealthy card nobody holds is no fault",
+            {**healthy(), "n0": node("n0", unhealthy=frozenset({3}))},
+            [pod(0, cards=frozenset({4, 5})), *gang()[1:]],
+            (),
+            [],
+        ),
+        (
+            "a failed pod on a healthy node is PodFailed, naming its rank",
+            healthy(),
+            [*gang()[:2], pod(2, phase="Failed"), pod(3)],
+            (),
+            [("PodFailed", "n2", [2], [])],
+        ),
+        (
+            "a node down outranks its silent daemon and its failed pods (one fault per node)",
+            {**healthy(), "n1": node("n1", down=True)},
+            [pod(0), pod(1, phase="Failed"), pod(2), pod(3)],
+            ("n1",),
+            [("NodeDown", "n1", [], [])],
+        ),
+        (
+            "a gang not wholly bound is still being placed: no fault",
+            {**healthy(), "n1": node("n1", down=True)},
+            [*gang()[:3], pod(3, node="")],
+            (),
+            [],
+        ),
+        (
+            "a pod being deleted does not count as bound",
+            healthy(),
+            [*gang()[:3], pod(3, phase="Failed", deleting=True)],
+            (),
+            [],
+        ),
+    ],
+)
+def test_detect(
+    sentence: str,
+    nodes: dict[str, inventory.NodeInfo],
+    pods: list[convert.PodFacts],
+    silent: tuple[str, ...],
+    expected: list[tuple[str, str, list[int], list[int]]],
+) -> None:
+    assert kinds(recovery.detect(4, pods, nodes, silent)) == expected, sentence
+
+
+def test_holdings_become_copies_by_who_holds_them() -> None:
+    view = policy.JobView(
+        key="ns/llm",
+        world_size=2,
+        node_of={0: policy.NodeName("n0"), 1: policy.NodeName("n1")},
+        cards_of={0: frozenset(), 1: frozenset()},
+        rack_of={},
+        supernode_of={},
+    )
+    held = [
+        manifest.Holding("ns.llm", 0, 4, "memory", 1, "c", "n0", "n0"),  # its own node
+        manifest.Holding("ns.llm", 1, 4, "memory", 1, "c", "n0", "n1"),  # a peer's copy
+        manifest.Holding("ns.llm", 1, 5, "local", 1, "c", "n1", "n1"),
+        manifest.Holding("ns.llm", 0, 3, "persistent", 1, "c", "", "n0"),
+    ]
+    copies = list(recovery.copies_of(held, view))
+    assert [(c.rank, c.step, c.tier, c.node) for c in copies] == [
+        (0, 4, policy.Tier.MEMORY, "n0"),
+        (1, 4, policy.Tier.PEERS, "n0"),
+        (1, 5, policy.Tier.LOCAL, "n1"),
+        (0, 3, policy.Tier.PERSISTENT, None),
+    ]
+
+
+def test_node_losses_wait_to_settle_but_a_failed_pod_is_decided_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [100.0]
+    monkeypatch.setattr(clock.SYSTEM, "monotonic", lambda: now[0])
+    monkeypatch.setattr(recovery, "STATE", recovery.State())
+    down = [policy.Fault(policy.FaultKind.NODE_DOWN, policy.NodeName("n1"))]
+    failed = [
+        policy.Fault(policy.FaultKind.POD_FAILED, policy.NodeName("n2"), ranks=frozenset({2}))
+    ]
+    assert recovery.settled("ns/a", failed)
+    assert not recovery.settled("ns/b", down)
+    now[0] += recovery.SETTLE_SECONDS / 2
+    assert not recovery.settled("ns/b", down)
+    now[0] += recovery.SETTLE_SECONDS / 2
+    assert recovery.settled("ns/b", down)
+
+
+def test_a_recovering_jobs_new_pod_is_reserved_on_its_target_and_told_what_to_restore() -> None:
+    plan = {
+        "targets": {"1": "spare-0"},
+        "cards": {"1": "0,1,2,3"},
+        "restore": {"0": '{"step":8}', "1": '{"from":["a:7040"],"step":8}'},
+    }
+    moved = scheduler.pin({"metadata": {"labels": {"matrixpool.dev/rank": "1"}}}, plan)
+    assert moved["metadata"]["annotations"] == {
+        "matrixpool.dev/restore": '{"from":["a:7040"],"step":8}',
+        "matrixpool.dev/node": "spare-0",
+        "matrixpool.dev/cards": "0,1,2,3",
+    }
+    stayed = scheduler.pin({"metadata": {"labels": {"matrixpool.dev/rank": "0"}}}, plan)
+    assert stayed["metadata"]["annotations"] == {"matrixpool.dev/restore": '{"step":8}'}
+    untouched = scheduler.pin({"metadata": {"labels": {"matrixpool.dev/rank": "0"}}}, None)
+    assert "annotations" not in untouched["metadata"]
+
+
+@pytest.mark.parametrize(
+    ("value", "step", "sources", "recovery_id"),
+    [
+        ("latest", None, (), ""),
+        ("12", 12, (), ""),
+        ('{"step": 8, "from": ["a:1", "b:2"], "recovery": "r1"}', 8, ("a:1", "b:2"), "r1"),
+        ('{"from": []}', None, (), ""),
+    ],
+)
+def test_the_restore_annotation_reads_back(
+    value: str, step: int | None, sources: tuple[str, ...], recovery_id: str
+) -> None:
+    assert checkpoints.parse_restore(value) == checkpoints.Restore(step, sources, recovery_id)
+
+
+def test_the_restore_annotation_round_trips_and_rejects_nonsense() -> None:
+    written = checkpoints.restore_value(8, ["b:2", "a:1", "a:1"], "r3")
+    assert written == '{"from":["a:1","b:2"],"recovery":"r3","step":8}'
+    assert checkpoints.parse_restore(written) == checkpoints.Restore(8, ("a:1", "b:2"), "r3")
+    assert checkpoints.parse_restore("") is None
+    for bad in ("{", "[1]", '{"step": -1}', '{"from": "a:1"}'):
+        with pytest.raises(ValueError, match=r"JSON|step|from"):
+            checkpoints.parse_restore(bad)
