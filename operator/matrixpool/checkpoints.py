@@ -109,6 +109,31 @@ def _persistent(job: str, uri: str) -> list[manifest.Holding]:
         return []
 
 
+async def pin(job: str, endpoints: Iterable[str], step: int | None) -> list[str]:
+    """Ask each daemon to keep ``step`` of ``job`` (None: let it go); the endpoints that
+    did. A recovery pins the step it chose until every rank has reloaded it."""
+    secret = token()
+    if secret is None:
+        return []
+    limit = asyncio.Semaphore(MAX_PARALLEL)
+
+    async def one(address: str) -> str | None:
+        async with limit:
+            return await asyncio.to_thread(_pin, address, secret, job, step)
+
+    answers = await asyncio.gather(*(one(a) for a in sorted(set(endpoints))))
+    return [a for a in answers if a is not None]
+
+
+def _pin(address: str, secret: str, job: str, step: int | None) -> str | None:
+    endpoint = wire.Endpoint(address, secret, timeout=PROBE_TIMEOUT)
+    try:
+        wire.request(endpoint, "PUT", f"/v1/jobs/{job}/pin", {"step": step})
+    except (errors.CheckpointError, OSError, ValueError):
+        return None
+    return address
+
+
 async def probe(endpoints: Mapping[str, str]) -> dict[str, bool]:
     """Node -> whether its daemon answers ``/v1/healthz`` within PROBE_TIMEOUT."""
     limit = asyncio.Semaphore(MAX_PARALLEL)

@@ -16,6 +16,7 @@ HTTP API (JSON unless noted; every call but healthz and metrics needs
                                                         checksum (tiers 1 and 2)
     POST   /v1/peers             {"peers": [host:port]} replace the peer list
     DELETE /v1/jobs/J                                   forget a finished job
+    PUT    /v1/jobs/J/pin        {"step": S | null}     keep step S (a recovery restores it)
     and under /v1/jobs/J/ranks/R/steps/S/:
     POST   reserve   {"size"}                           a memory buffer to write a shard into
     POST   commit    {"buffer", "checksum", ...}        take a written buffer, start the tiers
@@ -442,6 +443,15 @@ class Handler(BaseHTTPRequestHandler):
                 daemon.memory.drop_job(names.job(job))
                 daemon.disk.drop_job(job)
                 self._json({"deleted": job})
+            case "PUT", ["v1", "jobs", job, "pin"]:
+                step = self._body().get("step")
+                pinned = None if step is None else names.step(str(step))
+                daemon.memory.pin(names.job(job), pinned)
+                if pinned is None:
+                    daemon.disk.pinned.pop(names.job(job), None)
+                else:
+                    daemon.disk.pinned[names.job(job)] = pinned
+                self._json({"job": job, "pinned": pinned})
             case _, ["v1", "jobs", job, "ranks", rank, "steps", step, action]:
                 key = (names.job(job), names.rank(rank), names.step(step))
                 self._shard(method, action, *key, query)

@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -57,6 +58,7 @@ class DiskTier:
         self.root = root / "jobs"  # one folder per job
         self.node = node  # this node's name, written in manifests
         self.keep = keep  # steps kept per job
+        self.pinned: dict[str, int] = {}  # job -> a step a recovery is restoring: kept
         self._lock = threading.Lock()  # one manifest update at a time
         self.root.mkdir(parents=True, exist_ok=True)
 
@@ -93,9 +95,11 @@ class DiskTier:
         return found
 
     def _prune(self, job: str) -> None:
-        prune(self.root / job, self.keep)
+        pinned = self.pinned.get(job)
+        prune(self.root / job, self.keep, () if pinned is None else (names.step_dir(pinned),))
 
     def drop_job(self, job: str) -> None:
+        self.pinned.pop(job, None)
         shutil.rmtree(self.root / names.job(job), ignore_errors=True)
 
 
@@ -160,14 +164,16 @@ class Persistent:
         prune(self.root / job, self.keep)
 
 
-def prune(job_dir: Path, keep: int) -> None:
-    """Keep the newest `keep` committed steps, and newer partial ones; delete the rest."""
+def prune(job_dir: Path, keep: int, also: Iterable[str] = ()) -> None:
+    """Keep the newest `keep` committed steps, newer partial ones and the step folders named
+    in `also`; delete the rest."""
     steps = sorted(job_dir.glob("step-*"), reverse=True)
     committed = [s for s in steps if (s / manifest.FILE).exists()]
+    spared = set(also)
     if len(committed) > keep:
         oldest_kept = committed[keep - 1].name
         for old in steps:
-            if old.name < oldest_kept:
+            if old.name < oldest_kept and old.name not in spared:
                 shutil.rmtree(old, ignore_errors=True)
 
 

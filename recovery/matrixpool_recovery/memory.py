@@ -74,6 +74,7 @@ class MemoryTier:
         self._world: dict[tuple[str, int], int] = {}  # (job, step) -> world size
         self._committed: dict[str, int] = {}  # job -> newest step committed for every rank
         self._previous: dict[str, int] = {}  # job -> the committed step before that one
+        self._pinned: dict[str, int] = {}  # job -> a step a recovery is restoring
         self._seq = itertools.count()
         (root / "buffers").mkdir(parents=True, exist_ok=True)
         (root / "jobs").mkdir(parents=True, exist_ok=True)
@@ -226,10 +227,11 @@ class MemoryTier:
     def _protected(self, job: str) -> set[int]:
         """Steps of a job never evicted: the two newest committed ones as trainers report
         them, else (no report yet) the newest step held here."""
+        pinned = {self._pinned[job]} if job in self._pinned else set()
         if job in self._committed:
-            return {self._committed[job], self._previous.get(job, self._committed[job])}
+            return {self._committed[job], self._previous.get(job, self._committed[job])} | pinned
         newest = max((s for j, s in self._steps if j == job), default=None)
-        return set() if newest is None else {newest}
+        return pinned if newest is None else {newest} | pinned
 
     def _newest_per_rank(self, job: str) -> set[int]:
         newest: dict[int, int] = {}
@@ -302,6 +304,15 @@ class MemoryTier:
             if buffer is not None and buffer.state == STAGING:
                 buffer.state = FREE
 
+    def pin(self, job: str, step: int | None) -> None:
+        """Keep ``step`` of ``job`` whatever the trainers do next (None: unpin): a recovery
+        chose it, and the ranks still running must not push it out before they reload it."""
+        with self._lock:
+            if step is None:
+                self._pinned.pop(job, None)
+            else:
+                self._pinned[job] = step
+
     def protect(self, job: str, step: int | None) -> None:
         """Remember the newest step of a job committed for every rank: never evicted."""
         if step is None:
@@ -333,6 +344,7 @@ class MemoryTier:
         with self._lock:
             self._committed.pop(job, None)
             self._previous.pop(job, None)
+            self._pinned.pop(job, None)
             for key in [k for k in self._steps if k[0] == job]:
                 self._evict(key)
 

@@ -245,3 +245,19 @@ def test_an_upload_refused_before_its_body_is_read_reports_why(cluster: Cluster)
         wire.put_shard(wire.Endpoint(cluster.address("a"), "guess"), path, meta, body, len(body))
     with pytest.raises(errors.MemoryFullError, match="full"):
         wire.put_shard(wire.Endpoint(cluster.address("a"), TOKEN), path, meta, body, 1 << 30)
+
+
+def test_a_step_pinned_for_a_recovery_outlives_newer_saves(cluster: Cluster) -> None:
+    """The operator pins the step a recovery restores (PUT /v1/jobs/J/pin): the ranks still
+    running save newer steps before they reload, and the pinned one must stay on every tier."""
+    cluster.ring(RACKS)
+    spec = spec_json(memory=10, peers=1, local=10)
+    trainers(cluster, "save", JOB, PLACEMENT, spec, "--steps", "10")
+    for node in "abcd":
+        wire.request(
+            wire.Endpoint(cluster.address(node), TOKEN), "PUT", f"/v1/jobs/{JOB}/pin", {"step": 10}
+        )
+    trainers(cluster, "save", JOB, PLACEMENT, spec, "--steps", "20,30,40,50")
+    assert sorted(holders(cluster, 10, "memory")) == list(range(8))
+    assert sorted(holders(cluster, 10, "local")) == list(range(8))
+    assert not holders(cluster, 20, "memory")  # unpinned older steps still go

@@ -32,6 +32,15 @@ def test_disk_keeps_the_newest_steps(tmp_path: Path) -> None:
     assert [m.step for m in disk.manifests("job")] == [20, 30]
 
 
+def test_disk_keeps_a_pinned_step_past_the_keep_count(tmp_path: Path) -> None:
+    disk = files.DiskTier(tmp_path / "disk", "node-a", keep=2)
+    disk.store(*shard(tmp_path, 0), "job", 10, world_size=1)
+    disk.pinned["job"] = 10  # a recovery restores step 10
+    for step in (20, 30, 40):
+        disk.store(*shard(tmp_path, 0), "job", step, world_size=1)
+    assert [m.step for m in disk.manifests("job")] == [10, 30, 40]
+
+
 def test_the_shared_tier_commits_when_the_last_rank_arrives(tmp_path: Path) -> None:
     store = files.Persistent(f"file://{tmp_path}/ckpt", keep=1)
     assert store.store(*shard(tmp_path, 1), "job", 10, world_size=2) is False

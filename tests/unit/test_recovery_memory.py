@@ -132,3 +132,16 @@ def test_the_two_newest_committed_steps_outlive_the_keep_count(tmp_path: Path) -
         if step in (4, 6):
             mem.protect("j", step)
     assert steps(mem) == [4, 6, 8]
+
+
+def test_a_pinned_step_stays_until_it_is_unpinned(tmp_path: Path) -> None:
+    """A recovery chose step 2; the ranks still running save 4, 6, 8 before they reload."""
+    mem = tier(tmp_path, limit_shards=20, keep=1)
+    save(mem, 2)
+    mem.pin("j", 2)
+    for step in (4, 6, 8):
+        save(mem, step)
+    assert steps(mem) == [2, 8]
+    mem.pin("j", None)
+    save(mem, 10)
+    assert steps(mem) == [10]

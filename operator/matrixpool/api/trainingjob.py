@@ -282,6 +282,8 @@ class RecoveryInProgress(RecoveryRecord):
     """Rank -> its cards on the target node, "0,1,2,3"."""
     restore: dict[str, str] = Field(default_factory=dict)
     """Rank -> the matrixpool.dev/restore annotation it gets ("*": every rank)."""
+    pinned: list[str] = Field(default_factory=list, max_length=100000)
+    """Daemons asked to keep the restored step until every rank reloaded it."""
 
 
 class TrainingJobStatus(common.ApiModel):

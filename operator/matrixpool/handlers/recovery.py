@@ -55,6 +55,7 @@ log = structlog.get_logger(__name__)
 
 PROBE_SECONDS = 0.5  # heartbeat period of the daemons under training ranks
 IDLE_PROBE_SECONDS = 5.0  # heartbeat period of every other daemon (spares, idle nodes)
+DECIDE_ATTEMPTS = 3  # decisions whose step vanished before it was pinned are taken again
 SETTLE_SECONDS = 1.0  # node losses seen within this long of the first are decided together
 PAUSE_VARIABLE = "MATRIXPOOL_RECOVERY_PAUSE_SECONDS"  # test knob: stop after writing the plan
 UNREACHABLE_AFTER = 1.0  # seconds a daemon must stay silent to count as unreachable
@@ -268,36 +269,46 @@ async def start(
         if n.endpoint and supernode_of.get(n.name) in involved and n.name not in gone
     }
     persistent = spec.checkpoint.persistent.uri if spec.checkpoint.persistent else None
-    found = await checkpoints.inventory(
-        checkpoints.job_id(workload.namespace, workload.name), endpoints, persistent
-    )
-    STATE.silent(found.unreachable, clock.SYSTEM.monotonic())
-    copies = list(copies_of(found.holdings, view))
+    job = checkpoints.job_id(workload.namespace, workload.name)
     snapshot = engine.Snapshot.build(topologies, scheduler.holdings(world))
-    spares = policy.Spares(
-        nodes={
-            t.name: tuple(
-                policy.NodeName(n)
-                for n in snapshot.spare_nodes(t.name)
-                if n not in gone and n not in found.unreachable
-            )
-            for t in topologies
-        },
-        rack_of={policy.NodeName(n.name): n.labels.get(labels.RACK, n.name) for n in world.nodes},
-    )
-    saved = max(
-        (
-            s
-            for s in (newest_saved(workload), found.newest_complete(view.world_size))
-            if s is not None
-        ),
-        default=None,
-    )
-    outcome = policy.decide(faults, view, copies, spares, newest_saved_step=saved)
-    if isinstance(outcome, policy.Failed):
-        await fail(workload, outcome, detected)
-        return
+    for attempt in range(1, DECIDE_ATTEMPTS + 1):
+        found = await checkpoints.inventory(job, endpoints, persistent)
+        STATE.silent(found.unreachable, clock.SYSTEM.monotonic())
+        spares = policy.Spares(
+            nodes={
+                t.name: tuple(
+                    policy.NodeName(n)
+                    for n in snapshot.spare_nodes(t.name)
+                    if n not in gone and n not in found.unreachable
+                )
+                for t in topologies
+            },
+            rack_of={
+                policy.NodeName(n.name): n.labels.get(labels.RACK, n.name) for n in world.nodes
+            },
+        )
+        known = (newest_saved(workload), found.newest_complete(view.world_size))
+        saved = max((s for s in known if s is not None), default=None)
+        copies = list(copies_of(found.holdings, view))
+        outcome = policy.decide(faults, view, copies, spares, newest_saved_step=saved)
+        if isinstance(outcome, policy.Failed):
+            await fail(workload, outcome, detected)
+            return
+        # The ranks still running go on saving until they reload: pin the chosen step on
+        # the daemons holding it, then check it is still there (it may have gone meanwhile).
+        pinned = await checkpoints.pin(
+            job, found.holders(outcome.restored_step), outcome.restored_step
+        )
+        if await still_held(job, outcome, found):
+            break
+        log.info(
+            "restore step gone before it was pinned; deciding again",
+            job=workload.key,
+            attempt=attempt,
+        )
+    assert isinstance(outcome, policy.Plan)  # a Failed outcome returned above
     recovery = plan_record(workload, outcome, view, found, detected)
+    recovery["pinned"] = pinned
     scheduler.MEMORY.recovering[workload.key] = recovery
     await k8s_status.patch_status(
         trainingjob.PLURAL,
@@ -326,6 +337,16 @@ async def start(
     if pause := float(os.environ.get(PAUSE_VARIABLE) or 0):
         await asyncio.sleep(pause)  # chaos tests kill the operator here
     await carry_out(workload, recovery, world.pods.get(workload.key, []), nodes, lost)
+
+
+async def still_held(job: str, plan: policy.Plan, found: checkpoints.Inventory) -> bool:
+    """Every daemon copy the plan restores from is still held (after pinning)."""
+    wanted = {(c.rank, c.step, c.node) for c in plan.sources.values() if c.node is not None}
+    nodes = {str(node) for _, _, node in wanted}
+    endpoints = {n: found.endpoints[n] for n in nodes if n in found.endpoints}
+    again = await checkpoints.inventory(job, endpoints)
+    held = {(h.rank, h.step, h.node) for h in again.holdings}
+    return wanted <= held
 
 
 def copies_of(holdings: Iterable[manifest.Holding], view: policy.JobView) -> Iterable[policy.Copy]:
@@ -442,9 +463,12 @@ async def carry_out(
 async def finish(workload: Workload, recovery: Mapping[str, Any]) -> None:
     recovered = clock.SYSTEM.now()
     detected = datetime.datetime.fromisoformat(str(recovery["detectedAt"]).replace("Z", "+00:00"))
-    record = {k: v for k, v in recovery.items() if k not in ("targets", "cards", "restore")} | {
-        "recoveredAt": recovered.isoformat().replace("+00:00", "Z")
-    }
+    await checkpoints.pin(
+        checkpoints.job_id(workload.namespace, workload.name), recovery.get("pinned") or [], None
+    )
+    record = {
+        k: v for k, v in recovery.items() if k not in ("targets", "cards", "restore", "pinned")
+    } | {"recoveredAt": recovered.isoformat().replace("+00:00", "Z")}
     history = [dict(r) for r in workload.status.get("recoveries") or []]
     if recovery["id"] not in STATE.recorded and all(r.get("id") != recovery["id"] for r in history):
         history.append(record)
