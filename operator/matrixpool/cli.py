@@ -136,7 +136,15 @@ def _parser() -> argparse.ArgumentParser:
     sim.set_defaults(handler=_sim)
 
     demo = commands.add_parser("demo", help="local cluster + operator + examples")
-    demo.add_argument("--keep", action="store_true", help="leave the cluster and operator up")
+    demo.add_argument(
+        "--keep", action="store_true", help="after the summary, keep everything up until Ctrl-C"
+    )
+    demo.add_argument(
+        "--fast", action="store_true", help="smaller training jobs, faster clock (CI)"
+    )
+    demo.add_argument(
+        "--summary-json", type=Path, metavar="FILE", help="also write the summary as JSON to FILE"
+    )
     demo.set_defaults(handler=_demo)
     for name in PLUGIN_COMMANDS:  # delegated before parsing; listed here for --help
         commands.add_parser(name, help=f"same as kubectl matrixpool {name} (see its --help)")
@@ -255,7 +263,7 @@ def _sim(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from matrixpool.devcluster import demo
 
-    return demo.run(keep=args.keep)
+    return demo.run(keep=args.keep, fast=args.fast, summary_json=args.summary_json)
 
 
 if __name__ == "__main__":

@@ -131,7 +131,7 @@ def test_the_chart_rejects(helm: chart.Helm, value: str, message: str) -> None:
 def test_every_checkpoint_daemon_value_has_a_comment_above_it() -> None:
     text = (chart.CHART / "values.yaml").read_text()
     lines = text.splitlines()
-    groups = {"checkpointDaemon.image", "checkpointDaemon.token"}
+    groups = {"checkpointDaemon.image", "checkpointDaemon.token", "checkpointDaemon.podMonitor"}
     for path, number in chart.key_lines(text).items():
         parts = path.split(".")
         if parts[0] != "checkpointDaemon" or len(parts) > 3 or path in groups:
@@ -150,5 +150,40 @@ def test_the_defaults_are_the_ones_documented() -> None:
 def test_helm_lint_strict_passes_with_the_daemon_on(helm: chart.Helm) -> None:
     result = helm.run(
         "lint", str(chart.CHART), "--strict", "--kube-version", chart.KUBE_VERSION, "--set", ENABLED
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_pod_monitor_is_rendered_only_when_asked_for(helm: chart.Helm) -> None:
+    assert "PodMonitor" not in chart.kinds(helm.render(ENABLED))
+    manifests = helm.render(ENABLED, "checkpointDaemon.podMonitor.enabled=true")
+    monitor = chart.only(manifests, "PodMonitor")
+    assert monitor["metadata"]["namespace"] == chart.NAMESPACE
+    assert monitor["spec"]["podMetricsEndpoints"] == [
+        {"port": "checkpoint", "path": "/metrics", "interval": "30s"}
+    ]
+    pod_labels = daemonset(manifests)["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    ports = {p["name"]: p["containerPort"] for p in container(manifests)["ports"]}
+    assert ports["checkpoint"] == 7040
+
+
+def test_a_pod_monitor_needs_the_daemons(helm: chart.Helm) -> None:
+    result = helm.template("checkpointDaemon.podMonitor.enabled=true")
+    assert result.returncode != 0, result.stdout[:400]
+    assert "podMonitor" in result.stderr or "checkpointDaemon" in result.stderr
+
+
+def test_helm_lint_strict_passes_with_the_pod_monitor_on(helm: chart.Helm) -> None:
+    result = helm.run(
+        "lint",
+        str(chart.CHART),
+        "--strict",
+        "--kube-version",
+        chart.KUBE_VERSION,
+        "--set",
+        ENABLED,
+        "--set",
+        "checkpointDaemon.podMonitor.enabled=true",
     )
     assert result.returncode == 0, result.stdout + result.stderr

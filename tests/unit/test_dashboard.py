@@ -139,10 +139,50 @@ def test_every_query_names_only_exported_metrics() -> None:
         "matrixpool_preemptions_total",
         "matrixpool_ckpt_bytes_total",
         "matrixpool_ckpt_duration_seconds_bucket",
+        "matrixpool_recoveries_total",
+        "matrixpool_recovery_duration_seconds_bucket",
+        "matrixpool_faults_detected_total",
+        "matrixpool_recovery_failures_total",
+        "matrixpool_timeshare_transitions_total",
+        "matrixpool_timeshare_transition_seconds_bucket",
+        "matrixpool_timeshare_checkpoint_requests_total",
     ],
 )
 def test_the_dashboard_shows(metric: str) -> None:
     assert any(metric in metric_names(expr) for _, expr in queries())
+
+
+@pytest.mark.parametrize(
+    ("title", "metric", "grouping"),
+    [
+        ("Recoveries by level", "matrixpool_recoveries_total", "level"),
+        ("Recovery duration by level", "matrixpool_recovery_duration_seconds_bucket", "level"),
+        ("Window transitions", "matrixpool_timeshare_transitions_total", "window"),
+        ("Transition duration by phase", "matrixpool_timeshare_transition_seconds_bucket", "phase"),
+    ],
+)
+def test_recoveries_and_transitions_have_panels_split_by(
+    title: str, metric: str, grouping: str
+) -> None:
+    panel = next(p for p in panels() if p["title"] == title)
+    for target in panel["targets"]:
+        assert metric in metric_names(target["expr"])
+        assert re.search(rf"by \([^)]*\b{grouping}\b", target["expr"]), target["expr"]
+        assert "{{" + grouping + "}}" in target["legendFormat"]
+
+
+def test_every_panel_sits_inside_the_24_column_grid_without_overlap() -> None:
+    taken: set[tuple[int, int]] = set()
+    for panel in dashboard()["panels"]:
+        grid = panel["gridPos"]
+        assert grid["x"] + grid["w"] <= 24, panel["title"]
+        cells = {
+            (x, y)
+            for x in range(grid["x"], grid["x"] + grid["w"])
+            for y in range(grid["y"], grid["y"] + grid["h"])
+        }
+        assert not cells & taken, panel["title"]
+        taken |= cells
 
 
 def test_the_supernode_panels_follow_the_variable() -> None:

@@ -125,9 +125,19 @@ def test_status_table_aligns_columns_and_shows_a_dash_for_empty_cells() -> None:
         "NODES",
         "WINDOW",
         "NEXT-TRANSITION",
+        "LAST-TRANSITION",
     ]
-    assert lines[1].split() == ["sn-0", "16", "32", "8", "2", "318", "48/48", "-", "-"]
+    assert lines[1].split() == ["sn-0", "16", "32", "8", "2", "318", "48/48", "-", "-", "-"]
     assert lines[0].index("TRAINING") == lines[1].index("32")
+
+
+def test_status_table_shows_the_window_and_the_last_transition() -> None:
+    row = report.StatusRow(
+        "sn-0", 0, 352, 8, 0, 24, 48, 48, "night", "2026-12-02T00:00:00+00:00", "night 2.7s"
+    )
+    lines = render.status_table([row]).splitlines()
+    assert lines[1].split()[-5:] == ["48/48", "night", "2026-12-02T00:00:00+00:00", "night", "2.7s"]
+    assert lines[1].endswith("night 2.7s")
 
 
 def test_recoveries_text_says_so_when_there_were_none() -> None:
@@ -136,10 +146,36 @@ def test_recoveries_text_says_so_when_there_were_none() -> None:
 
 def test_recoveries_text_is_a_timeline_with_durations() -> None:
     start = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
-    done = report.RecoveryRow("InPlace", "PodFailed", 120, 7, start, start.replace(second=12))
-    ongoing = report.RecoveryRow("SpareSwap", "NodeNotReady", None, None, start, None)
+    done = report.RecoveryRow(
+        "InPlace", "PodFailed on n-3", 120, 7, start, start.replace(second=12), "r1-a", (3,)
+    )
+    ongoing = report.RecoveryRow(
+        "SpareSwap",
+        "NodeDown on n-1",
+        None,
+        None,
+        start,
+        None,
+        "r2-b",
+        (4, 5, 6, 7),
+        (("n-1", "n-9"),),
+    )
     lines = render.recoveries_text("llm", [done, ongoing]).splitlines()
-    assert lines[1].split()[:5] == ["1", "InPlace", "PodFailed", "120", "7"]
-    assert lines[1].endswith("12.0s")
+    assert lines[0].split() == [
+        "#",
+        "ID",
+        "LEVEL",
+        "RESTORED-STEP",
+        "LOST-STEPS",
+        "RANKS",
+        "MOVES",
+        "DETECTED",
+        "RECOVERED",
+        "TOOK",
+        "CAUSE",
+    ]
+    assert lines[1].split()[:7] == ["1", "r1-a", "InPlace", "120", "7", "3", "-"]
+    assert lines[1].split()[-4:] == ["12.0s", "PodFailed", "on", "n-3"]
+    assert lines[2].split()[:7] == ["2", "r2-b", "SpareSwap", "-", "-", "4-7", "n-1->n-9"]
     assert "(recovering)" in lines[2]
-    assert lines[2].endswith("-")
+    assert lines[2].split()[-4:] == ["-", "NodeDown", "on", "n-1"]

@@ -251,6 +251,51 @@ def test_recoveries_are_oldest_first_with_their_durations() -> None:
     ]
 
 
+def test_recoveries_carry_id_ranks_and_moves_and_end_with_the_one_under_way() -> None:
+    done = {
+        "id": "r1-a",
+        "level": "SpareSwap",
+        "cause": "NodeDown on n-1",
+        "restoredStep": 40,
+        "lostSteps": 2,
+        "detectedAt": "2026-12-01T09:00:00Z",
+        "recoveredAt": "2026-12-01T09:00:03Z",
+        "ranks": [1],
+        "moves": {"n-1": "n-9"},
+    }
+    ongoing = {
+        "id": "r2-b",
+        "level": "InPlace",
+        "cause": "PodFailed on n-2",
+        "detectedAt": "2026-12-01T10:00:00Z",
+        "ranks": [2],
+        "targets": {"2": "n-2"},
+    }
+    body = training_job("llm", recoveries=[done], recovering=ongoing)
+    rows = report.recovery_rows(body)
+    assert [(r.id, r.ranks, r.moves, r.recovered_at is None) for r in rows] == [
+        ("r1-a", (1,), (("n-1", "n-9"),), False),
+        ("r2-b", (2,), (), True),
+    ]
+    recorded = report.recovery_rows(training_job("llm", recoveries=[done], recovering=done))
+    assert [r.id for r in recorded] == ["r1-a"]  # recorded already: not twice
+
+
+def test_status_shows_the_last_transition() -> None:
+    body = supernode()
+    body["status"]["transition"] = {
+        "window": "night",
+        "startedAt": "2026-12-01T14:00:00Z",
+        "settledAt": "2026-12-01T14:00:02.7Z",
+        "seconds": 2.7,
+    }
+    [row] = report.status_rows([body], NODES, [])
+    assert row.last_transition == "night 2.7s"
+    del body["status"]["transition"]["settledAt"]
+    [row] = report.status_rows([body], NODES, [])
+    assert row.last_transition == "night (under way)"
+
+
 def test_a_job_without_recoveries_has_an_empty_timeline() -> None:
     assert report.recovery_rows(training_job("llm")) == []
 

@@ -68,11 +68,12 @@ def _cell(value: object) -> str:
 def status_table(rows: Iterable[report.StatusRow]) -> str:
     headers = ("SUPERNODE", "INFERENCE", "TRAINING", "SPARE", "UNHEALTHY", "FREE", "NODES")
     return table(
-        (*headers, "WINDOW", "NEXT-TRANSITION"),
+        (*headers, "WINDOW", "NEXT-TRANSITION", "LAST-TRANSITION"),
         (
             (
                 *(r.name, r.inference, r.training, r.spare, r.unhealthy, r.free),
                 *(f"{r.nodes_ready}/{r.nodes_total}", r.window, r.next_transition),
+                r.last_transition,
             )
             for r in rows
         ),
@@ -97,16 +98,29 @@ def recoveries_text(job: str, rows: Sequence[report.RecoveryRow]) -> str:
     """The timeline of a job's recoveries, or a line saying there were none."""
     if not rows:
         return f"{job}: no recoveries"
+    headers = ("#", "ID", "LEVEL", "RESTORED-STEP", "LOST-STEPS", "RANKS", "MOVES")
     return table(
-        ("#", "LEVEL", "CAUSE", "RESTORED-STEP", "LOST-STEPS", "DETECTED", "RECOVERED", "TOOK"),
+        (*headers, "DETECTED", "RECOVERED", "TOOK", "CAUSE"),
         (
             (
-                *(i, r.level, r.cause, r.restored_step, r.lost_steps),
-                *(r.detected_at.isoformat(), _when(r), _took(r)),
+                *(i, r.id, r.level, r.restored_step, r.lost_steps, _ranks(r.ranks)),
+                ",".join(f"{a}->{b}" for a, b in r.moves),
+                *(r.detected_at.isoformat(), _when(r), _took(r), r.cause),
             )
             for i, r in enumerate(rows, 1)
         ),
     )
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    """Ranks as ranges: 0-3,7."""
+    spans: list[list[int]] = []
+    for rank in sorted(ranks):
+        if spans and rank == spans[-1][1] + 1:
+            spans[-1][1] = rank
+        else:
+            spans.append([rank, rank])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def _when(row: report.RecoveryRow) -> str:

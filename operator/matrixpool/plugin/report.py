@@ -56,6 +56,7 @@ class StatusRow:
     nodes_total: int
     window: str  # time window in force, "" without time-sharing
     next_transition: str  # ISO time of the next window change, ""
+    last_transition: str = ""  # the latest split change: "night 2.7s", "night (under way)", ""
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,9 @@ class RecoveryRow:
     lost_steps: int | None
     detected_at: datetime
     recovered_at: datetime | None  # None while recovering
+    id: str = ""  # the recovery id trainers see in matrixpool.dev/restore
+    ranks: tuple[int, ...] = ()  # ranks restarted or moved (all of them for Reschedule)
+    moves: tuple[tuple[str, str], ...] = ()  # SpareSwap: (failed node, spare node)
 
     @property
     def seconds(self) -> float | None:
@@ -187,7 +191,18 @@ def _status_row(sn: supernode.SuperNode, names: set[str], held: list[Holding]) -
         nodes_total=status.nodes.total,
         window=status.window or "",
         next_transition=status.next_transition.isoformat() if status.next_transition else "",
+        last_transition=_last_transition(status.transition),
     )
+
+
+def _last_transition(move: supernode.Transition | None) -> str:
+    """The latest transition in a few words: its window and how long it took."""
+    if move is None:
+        return ""
+    window = move.window or "-"
+    if move.settled_at is None or move.seconds is None:
+        return f"{window} (under way)"
+    return f"{window} {move.seconds:.1f}s"
 
 
 # --- the card map -------------------------------------------------------------------------------
@@ -314,8 +329,13 @@ def _supernodes(placement: common.PlacementStatus) -> str:
 
 # --- recoveries -----------------------------------------------------------------------------------
 def recovery_rows(job_body: Obj) -> list[RecoveryRow]:
-    """A TrainingJob's recoveries, oldest first."""
-    records = trainingjob.parse(job_body).status.recoveries
+    """A TrainingJob's recoveries, oldest first, with the one under way (status.recovering)
+    last, its recovered time empty."""
+    status = trainingjob.parse(job_body).status
+    records: list[trainingjob.RecoveryRecord] = list(status.recoveries)
+    ongoing = status.recovering
+    if ongoing is not None and not any(r.id and r.id == ongoing.id for r in records):
+        records.append(ongoing.model_copy(update={"recovered_at": None}))
     rows = [
         RecoveryRow(
             level=str(r.level),
@@ -324,6 +344,9 @@ def recovery_rows(job_body: Obj) -> list[RecoveryRow]:
             lost_steps=r.lost_steps,
             detected_at=r.detected_at,
             recovered_at=r.recovered_at,
+            id=r.id,
+            ranks=tuple(r.ranks),
+            moves=tuple(sorted(r.moves.items())),
         )
         for r in records
     ]
