@@ -55,6 +55,7 @@ def main() -> int:
     figures: dict[str, Any] = {"ranks": RANKS, "cards_per_rank": 8, "scales": {}}
     for cards in (int(c) for c in args.scales.split(",")):
         figures["scales"][str(cards)] = run_scale(cards // 384, say)
+    figures["load_average_1m"] = round(os.getloadavg()[0], 2)  # the machine is shared
     print(json.dumps(figures, indent=None if args.json else 2))
     return 0
 

@@ -219,3 +219,18 @@ def test_the_restore_annotation_round_trips_and_rejects_nonsense() -> None:
     for bad in ("{", "[1]", '{"step": -1}', '{"from": "a:1"}'):
         with pytest.raises(ValueError, match=r"JSON|step|from"):
             checkpoints.parse_restore(bad)
+
+
+def test_a_lease_overdue_by_half_its_duration_counts_as_a_node_down() -> None:
+    leases = {"n0": (100.0, 40.0), "n1": (75.0, 40.0), "n2": (90.0, 10.0)}
+    assert recovery.stale_leases(leases, now=100.0) == {"n1", "n2"}  # 25 s > 20, 10 s > 5
+    faults = recovery.detect(4, gang(), healthy(), (), stale={"n1"})
+    assert kinds(faults) == [("NodeDown", "n1", [], [])]
+
+
+def test_a_lease_index_entry_reads_renew_time_and_duration() -> None:
+    spec = {"renewTime": "2026-11-30T05:00:00.000000Z", "leaseDurationSeconds": 40}
+    [(name, (renewed, duration))] = recovery.node_leases(name="n3", spec=spec).items()
+    assert (name, duration) == ("n3", 40.0)
+    assert renewed == 1796014800.0
+    assert recovery.node_leases(name="n4", spec={}) == {}

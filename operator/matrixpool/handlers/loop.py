@@ -12,6 +12,7 @@ replicas that lose a peering election, so exactly one loop schedules at a time.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import kopf
@@ -58,6 +59,7 @@ async def main_loop(
     gang_pods: kopf.Index[str, PodFacts],
     training_jobs: kopf.Index[str, workloads.Workload],
     inference_services: kopf.Index[str, workloads.Workload],
+    node_leases: kopf.Index[str, tuple[float, float]],
     **_: Any,
 ) -> None:
     log.info("main loop started", namespace=namespace())
@@ -71,6 +73,7 @@ async def main_loop(
             pods={key: list(store) for key, store in gang_pods.items()},
             workloads=[*_all(training_jobs), *_all(inference_services)],
             unreachable=recovery.unreachable(),
+            stale=recovery.stale_leases(_first(node_leases), time.time()),
         )
 
     while not stopped:

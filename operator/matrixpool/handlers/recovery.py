@@ -108,7 +108,7 @@ async def run(world: scheduler.World) -> None:
             if recovery:
                 await carry_out(workload, recovery, facts, nodes, lost)
                 continue
-            faults = detect(world_size(workload), facts, nodes, lost, workload)
+            faults = detect(world_size(workload), facts, nodes, lost, workload, world.stale)
             if not faults:
                 STATE.first_seen.pop(workload.key, None)
                 await poll_checkpoints(workload, facts, nodes)
@@ -117,6 +117,33 @@ async def run(world: scheduler.World) -> None:
                 await start(workload, faults, world, lost, detected)
         except Exception:  # one job's trouble must not stop the others' recoveries
             log.exception("recovery step failed; retrying", job=workload.key)
+
+
+# ---- node leases ----------------------------------------------------------------------------
+
+LEASE_NAMESPACE = "kube-node-lease"
+
+
+@kopf.index(
+    "coordination.k8s.io",
+    "v1",
+    "leases",
+    when=lambda namespace, **_: namespace == LEASE_NAMESPACE,
+)
+def node_leases(name: str, spec: Mapping[str, Any], **_: Any) -> dict[str, tuple[float, float]]:
+    """Node → (renewTime as epoch seconds, leaseDurationSeconds) of its kubelet's Lease."""
+    renewed = spec.get("renewTime")
+    if not renewed:
+        return {}
+    when = datetime.datetime.fromisoformat(str(renewed).replace("Z", "+00:00")).timestamp()
+    return {name: (when, float(spec.get("leaseDurationSeconds") or 40))}
+
+
+def stale_leases(leases: Mapping[str, tuple[float, float]], now: float) -> frozenset[str]:
+    """Nodes whose kubelet has not renewed its Lease for half the lease's duration (two
+    missed renewals at the kubelet's usual quarter-duration pace): counted as down before the
+    node controller's grace (the whole duration, 40 s by default) marks them NotReady."""
+    return frozenset(n for n, (renewed, duration) in leases.items() if now - renewed > duration / 2)
 
 
 # ---- heartbeat -------------------------------------------------------------------------------
@@ -165,6 +192,7 @@ def detect(
     nodes: Mapping[str, inventory.NodeInfo],
     unreachable: Iterable[str],
     workload: Workload | None = None,
+    stale: Iterable[str] = (),
 ) -> list[policy.Fault]:
     """The faults under a bound gang's ranks (pure). A gang not wholly bound has none: the
     scheduler is still placing it."""
@@ -172,6 +200,7 @@ def detect(
     if len({p.rank for p in live if p.node}) < world_size or workload_suspended(workload):
         return []
     silent = set(unreachable)
+    expired = set(stale)
     found: dict[tuple[policy.FaultKind, str], tuple[set[int], set[int]]] = {}
 
     def add(
@@ -187,7 +216,7 @@ def detect(
         info = nodes.get(pod.node)
         if info is None:
             add(policy.FaultKind.NODE_DELETED, pod.node)
-        elif info.down:
+        elif info.down or pod.node in expired:
             add(policy.FaultKind.NODE_DOWN, pod.node)
         elif pod.node in silent:
             add(policy.FaultKind.DAEMON_UNREACHABLE, pod.node)

@@ -45,6 +45,7 @@ class World:
     pods: dict[str, list[convert.PodFacts]]  # "<ns>/<owner>" → its pods
     workloads: list[Workload]
     unreachable: frozenset[str] = frozenset()  # nodes whose checkpoint daemon does not answer
+    stale: frozenset[str] = frozenset()  # nodes whose kubelet Lease is overdue
 
 
 @dataclass
@@ -565,7 +566,7 @@ def topologies(world: World) -> list[model.SuperNodeTopology]:
                 frozenset(
                     model.CardId(c) for c in range(cards - foreign) if c not in node.unhealthy
                 )
-                if node.ready and node.name not in world.unreachable
+                if node.ready and node.name not in world.unreachable | world.stale
                 else frozenset()
             )
             domains = tuple(node.labels.get(k, "") for k in spec.topology_keys)
