@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 FOLLOW_WAIT = 30.0  # seconds per status request while following a save
 SOURCE_ORDER = ("memory", "peer", "local", "peer-local", "persistent")  # fastest first
 MAPS_KEPT = 3  # daemon buffers kept mapped: one being written, two kept steps it cycles through
+COMMITTED_REFRESH = 2.0  # seconds between two computations of the committed step
 READ_ERRORS = (errors.CheckpointError, OSError, http.client.HTTPException, ValueError)
 
 
@@ -155,6 +156,7 @@ class Checkpointer:
         self._thread: threading.Thread | None = None
         self._handles: list[SaveHandle] = []
         self._committed: int | None = None  # newest tier-1 step known committed for all ranks
+        self._refresh_at = 0.0  # monotonic time of the next look at every peer's inventory
         self._colocated = shared_memory  # may this process open the daemon's buffers? None: probe
         self._maps: OrderedDict[str, tuple[mmap.mmap, int]] = OrderedDict()  # buffer -> map
         self._unreachable: list[str] = []  # daemons that did not answer the last look-up
@@ -335,7 +337,11 @@ class Checkpointer:
             if outcome.get("state") == "pending":
                 outcome = {"state": "error", "error": f"not written within {self.timeout}s"}
             handle.outcomes[tier] = outcome
-        if handle.outcomes.get(MEMORY, {}).get("state") == "ok":
+        now = time.monotonic()
+        if handle.outcomes.get(MEMORY, {}).get("state") == "ok" and now >= self._refresh_at:
+            # Asking every peer after every save costs ranks x peers requests per step; the
+            # daemons keep more than this one step anyway (see memory.MemoryTier._prune).
+            self._refresh_at = now + COMMITTED_REFRESH
             self._committed = self._newest_memory_step()
 
     def _newest_memory_step(self) -> int | None:
