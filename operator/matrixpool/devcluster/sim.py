@@ -123,8 +123,9 @@ class Sim:
     # ---- phase 1: daemons ------------------------------------------------------------------
 
     def nodes(self) -> dict[str, Any]:
+        chosen = f" in ({','.join(sorted(self.supernodes))})" if self.supernodes else ""
         found = {}
-        for node in self.api.core.list_node().items:
+        for node in self.api.core.list_node(label_selector=labels.SUPERNODE + chosen).items:
             supernode = (node.metadata.labels or {}).get(labels.SUPERNODE)
             if supernode and (not self.supernodes or supernode in self.supernodes):
                 found[node.metadata.name] = node
