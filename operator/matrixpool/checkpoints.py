@@ -26,7 +26,8 @@ from pathlib import Path
 
 from matrixpool_recovery import errors, files, manifest, wire
 
-PROBE_TIMEOUT = 1.0  # seconds for one healthz or inventory request
+PROBE_TIMEOUT = 1.0  # seconds for one healthz request
+INVENTORY_TIMEOUT = 3.0  # seconds for one inventory request (a busy daemon lists slower)
 MAX_PARALLEL = 32  # daemons asked at once
 
 
@@ -92,7 +93,7 @@ async def inventory(
 
 
 def _inventory_of(address: str, secret: str, job: str) -> list[manifest.Holding] | None:
-    endpoint = wire.Endpoint(address, secret, timeout=PROBE_TIMEOUT)
+    endpoint = wire.Endpoint(address, secret, timeout=INVENTORY_TIMEOUT)
     try:
         answer = wire.request(endpoint, "GET", f"/v1/inventory?job={job}")
     except (errors.CheckpointError, OSError, ValueError):

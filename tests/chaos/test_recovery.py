@@ -403,3 +403,47 @@ def test_every_daemon_of_a_supernode_killed_reschedules_onto_another_from_tier_3
     assert after["placement"]["superNode"] != first
     lines = assert_restored(sim, namespace, entry, 4, persisted)
     assert {line["source"] for line in lines.values()} == {"persistent"}
+
+
+# ---- maxRecoveries -----------------------------------------------------------------------------
+
+
+def test_a_fault_past_max_recoveries_fails_the_job_with_the_reason_and_frees_its_cards(
+    cluster: framework.TestCluster,
+    operator: framework.Operator,
+    sim: framework.Sim,
+    namespace: str,
+    two_supernodes: list[str],
+    cards: CardSampler,
+    tmp_path: Path,
+) -> None:
+    start_job(cluster, namespace, tmp_path, max_recoveries=1)
+    wait_training(cluster, namespace, past=6)
+
+    def crash(rank: int) -> None:
+        pod = pods(cluster, namespace)[rank]
+        pid = sim.folder / "trainers" / f"{pod.spec.node_name}.{namespace}.{JOB}-{rank}.pid"
+        os.kill(int(pid.read_text()), signal.SIGKILL)
+
+    crash(0)
+    assert wait_recovered(cluster, namespace, 1)["level"] == "InPlace"
+    wait_training(cluster, namespace, past=status(cluster, namespace)["checkpoints"]["memory"])
+    crash(1)
+
+    def failed() -> dict[str, Any] | None:
+        current = status(cluster, namespace)
+        return current if current.get("phase") == "Failed" else None
+
+    final = framework.eventually(failed, timeout=60, what="the job Failed")
+    [condition] = [c for c in final["conditions"] if c["type"] == "Failed"]
+    assert condition["status"] == "True"
+    assert condition["reason"] == "MaxRecoveriesReached"
+    assert "maxRecoveries (1)" in condition["message"]
+    assert len(final["recoveries"]) == 1  # the second fault was not recovered
+    framework.eventually(
+        lambda: not pods(cluster, namespace), timeout=60, what="the failed job's pods gone"
+    )
+    events = cluster.kubectl(
+        "get", "events", "-n", namespace, "--field-selector", "reason=MaxRecoveriesReached"
+    ).stdout
+    assert JOB in events

@@ -56,9 +56,10 @@ log = structlog.get_logger(__name__)
 PROBE_SECONDS = 0.5  # heartbeat period of the daemons under training ranks
 IDLE_PROBE_SECONDS = 5.0  # heartbeat period of every other daemon (spares, idle nodes)
 DECIDE_ATTEMPTS = 3  # decisions whose step vanished before it was pinned are taken again
+DEFER_SECONDS = 10.0  # a deferred recovery (silent daemons only) is tried again after this
 SETTLE_SECONDS = 1.0  # node losses seen within this long of the first are decided together
 PAUSE_VARIABLE = "MATRIXPOOL_RECOVERY_PAUSE_SECONDS"  # test knob: stop after writing the plan
-UNREACHABLE_AFTER = 1.0  # seconds a daemon must stay silent to count as unreachable
+UNREACHABLE_AFTER = 2.0  # seconds a daemon must stay silent (about 4 probes) to count as lost
 POLL_SECONDS = 2.0  # status.checkpoints refresh period per running job
 
 
@@ -74,6 +75,7 @@ class State:
     recorded: set[str] = field(default_factory=set)  # recovery ids appended to status
     # job → when its first fault showed (monotonic, for the settle window; wall, detectedAt)
     first_seen: dict[str, tuple[float, datetime.datetime]] = field(default_factory=dict)
+    deferred: dict[str, float] = field(default_factory=dict)  # job → when it may be tried again
 
     def unreachable(self, now: float) -> frozenset[str]:
         return frozenset(n for n, t in self.silent_since.items() if now - t >= UNREACHABLE_AFTER)
@@ -112,6 +114,8 @@ async def run(world: scheduler.World) -> None:
             if not faults:
                 STATE.first_seen.pop(workload.key, None)
                 await poll_checkpoints(workload, facts, nodes)
+            elif STATE.deferred.get(workload.key, 0.0) > clock.SYSTEM.monotonic():
+                continue  # a recovery that was impossible, retried later
             elif settled(workload.key, faults):
                 _, detected = STATE.first_seen.pop(workload.key)
                 await start(workload, faults, world, lost, detected)
@@ -321,6 +325,15 @@ async def start(
         copies = list(copies_of(found.holdings, view))
         outcome = policy.decide(faults, view, copies, spares, newest_saved_step=saved)
         if isinstance(outcome, policy.Failed):
+            if outcome.code != "MaxRecoveriesReached" and all(
+                f.kind == policy.FaultKind.DAEMON_UNREACHABLE for f in faults
+            ):
+                # Silent daemons under Ready nodes with Running ranks: the ranks still train
+                # (they cannot checkpoint). Failing the job would lose more than waiting.
+                _event(workload, "Warning", "RecoveryDeferred", f"{outcome.reason}; waiting")
+                STATE.deferred[workload.key] = clock.SYSTEM.monotonic() + DEFER_SECONDS
+                log.warning("recovery deferred", job=workload.key, reason=outcome.reason)
+                return
             await fail(workload, outcome, detected)
             return
         # The ranks still running go on saving until they reload: pin the chosen step on
