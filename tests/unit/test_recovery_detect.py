@@ -221,11 +221,17 @@ def test_the_restore_annotation_round_trips_and_rejects_nonsense() -> None:
             checkpoints.parse_restore(bad)
 
 
-def test_a_lease_overdue_by_half_its_duration_counts_as_a_node_down() -> None:
-    leases = {"n0": (100.0, 40.0), "n1": (75.0, 40.0), "n2": (90.0, 10.0)}
-    assert recovery.stale_leases(leases, now=100.0) == {"n1", "n2"}  # 25 s > 20, 10 s > 5
+def test_a_lease_overdue_by_three_quarters_of_its_duration_counts_as_a_node_down() -> None:
+    fresh = {f"ok-{i}": (95.0, 40.0) for i in range(10)}
+    leases = {**fresh, "n1": (65.0, 40.0), "n2": (90.0, 10.0), "n3": (75.0, 40.0)}
+    assert recovery.stale_leases(leases, now=100.0) == {"n1", "n2"}  # 35 > 30, 10 > 7.5; 25 < 30
     faults = recovery.detect(4, gang(), healthy(), (), stale={"n1"})
     assert kinds(faults) == [("NodeDown", "n1", [], [])]
+
+
+def test_many_overdue_leases_at_once_mean_the_api_server_not_the_nodes() -> None:
+    leases = {f"n{i}": (50.0 if i < 3 else 95.0, 40.0) for i in range(12)}  # a quarter overdue
+    assert recovery.stale_leases(leases, now=100.0) == frozenset()
 
 
 def test_a_lease_index_entry_reads_renew_time_and_duration() -> None:

@@ -144,10 +144,17 @@ def node_leases(name: str, spec: Mapping[str, Any], **_: Any) -> dict[str, tuple
 
 
 def stale_leases(leases: Mapping[str, tuple[float, float]], now: float) -> frozenset[str]:
-    """Nodes whose kubelet has not renewed its Lease for half the lease's duration (two
-    missed renewals at the kubelet's usual quarter-duration pace): counted as down before the
-    node controller's grace (the whole duration, 40 s by default) marks them NotReady."""
-    return frozenset(n for n, (renewed, duration) in leases.items() if now - renewed > duration / 2)
+    """Nodes whose kubelet has not renewed its Lease for three quarters of the lease's
+    duration (three missed renewals at the kubelet's quarter-duration pace): counted as down
+    before the node controller's grace (the whole duration, 40 s by default) marks them
+    NotReady, and before its pod eviction.
+
+    When a quarter of all Leases or more are overdue at once, the API server (or the
+    operator's view of it) is what failed, not the nodes: none counts."""
+    stale = frozenset(
+        n for n, (renewed, duration) in leases.items() if now - renewed > duration * 0.75
+    )
+    return stale if len(stale) * 4 < len(leases) else frozenset()
 
 
 # ---- heartbeat -------------------------------------------------------------------------------
@@ -538,7 +545,7 @@ async def finish(workload: Workload, recovery: Mapping[str, Any]) -> None:
 
 async def fail(workload: Workload, failed: policy.Failed, detected: datetime.datetime) -> None:
     """No recovery: the job fails with the reason, and gives its cards back."""
-    scheduler.MEMORY.failed[workload.key] = failed.reason
+    scheduler.MEMORY.failed[workload.key] = (failed.code, failed.reason)
     condition = common.Condition(
         type="Failed",
         status=common.ConditionStatus.TRUE,

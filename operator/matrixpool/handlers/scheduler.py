@@ -60,7 +60,8 @@ class Memory:
     # job → the recovery under way (wire form of status.recovering), None once finished; the
     # recovery controller (handlers.recovery) writes it ahead of the status, which may lag.
     recovering: dict[str, dict[str, Any] | None] = field(default_factory=dict)
-    failed: dict[str, str] = field(default_factory=dict)  # job → why it failed (no more pods)
+    # job → (reason code, message) of its failure: no more pods, a Failed condition
+    failed: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 MEMORY = Memory()
@@ -590,7 +591,7 @@ def recovery_of(workload: Workload) -> dict[str, Any] | None:
 def failed_reason(workload: Workload) -> str | None:
     """Why a TrainingJob failed for good (maxRecoveries, no recovery possible), or None."""
     if workload.key in MEMORY.failed:
-        return MEMORY.failed[workload.key]
+        return MEMORY.failed[workload.key][1]
     if workload.status.get("phase") == trainingjob.Phase.FAILED.value:
         return "failed"
     return None
@@ -701,6 +702,11 @@ def training_status(
         workload,
     )
     conditions = common.set_condition(_conditions(workload.status), scheduled)
+    if workload.key in MEMORY.failed:  # the index may not show the Failed condition yet
+        code, message = MEMORY.failed[workload.key]
+        conditions = common.set_condition(
+            conditions, _condition("Failed", True, code, message[:32768], workload)
+        )
     if complete and preempted is not None:
         conditions = common.set_condition(
             conditions,
