@@ -47,7 +47,6 @@ class Process:
     popen: subprocess.Popen[bytes]
     log: Path
     ready_file: Path | None = None  # written by a daemon once it serves
-    world: int = 0  # a trainer: the world size it started with
 
     def alive(self) -> bool:
         return self.popen.poll() is None
@@ -253,33 +252,24 @@ class Sim:
             and p.spec.node_name in healthy
             and not p.metadata.deletion_timestamp
         }
+        for uid in list(self.trainers):
+            trainer = self.trainers[uid]
+            if uid in wanted and not trainer.alive():
+                self.fail_pod(wanted.pop(uid), trainer)
+            if uid not in wanted or not trainer.alive():
+                self.trainers.pop(uid).kill()
+                self.annotations.pop(uid, None)
         jobs: dict[tuple[str, str], list[Any]] = {}
         for pod in pods:
             key = (pod.metadata.namespace, pod.metadata.labels.get(labels.JOB, ""))
             if not pod.metadata.deletion_timestamp:
                 jobs.setdefault(key, []).append(pod)
-        shrunk: set[str] = set()
-        for uid in list(self.trainers):
-            trainer = self.trainers[uid]
-            if uid in wanted and not trainer.alive():
-                self.fail_pod(wanted.pop(uid), trainer)
-            pod = wanted.get(uid)
-            gang = (
-                jobs.get((pod.metadata.namespace, pod.metadata.labels[labels.JOB])) if pod else None
-            )
-            if gang is not None and _world_size(gang) < trainer.world:
-                shrunk.add(uid)  # an elastic shrink: the ranks left re-form the gang
-            if uid not in wanted or not trainer.alive() or uid in shrunk:
-                self.trainers.pop(uid).kill()
-                self.annotations.pop(uid, None)
         for uid, pod in wanted.items():
             self.write_annotations(pod)
             daemon = self.daemons.get(pod.spec.node_name)
             if uid not in self.trainers and daemon is not None and daemon.ready():
                 self.start_trainer(
-                    pod,
-                    jobs[(pod.metadata.namespace, pod.metadata.labels[labels.JOB])],
-                    resumed=uid in shrunk,
+                    pod, jobs[(pod.metadata.namespace, pod.metadata.labels[labels.JOB])]
                 )
 
     def annotations_file(self, uid: str) -> Path:
@@ -314,16 +304,14 @@ class Sim:
         except Exception as error:  # the pod may be gone already
             print(f"sim: could not fail pod {pod.metadata.name}: {error}", file=sys.stderr)
 
-    def start_trainer(self, pod: Any, gang: list[Any], resumed: bool = False) -> None:
-        """A trainer for ``pod``; ``resumed``: its gang shrank, so it restores the newest step
-        committed for the ranks left, unless the pod names one."""
+    def start_trainer(self, pod: Any, gang: list[Any]) -> None:
         namespace, job = pod.metadata.namespace, pod.metadata.labels[labels.JOB]
         body = self.api.custom.get_namespaced_custom_object(
             "matrixpool.dev", "v1alpha1", namespace, "trainingjobs", job
         )
         checkpoint = (body.get("spec") or {}).get("checkpoint") or {"memory": {"everySteps": 1}}
         others = sorted({p.spec.node_name for p in gang if p.spec.node_name} - {pod.spec.node_name})
-        restore = "latest" if resumed else (pod.metadata.annotations or {}).get(labels.RESTORE, "")
+        restore = (pod.metadata.annotations or {}).get(labels.RESTORE, "")
         env = {
             "MATRIXPOOL_JOB": checkpoints.job_id(namespace, job),
             "MATRIXPOOL_RANK": pod.metadata.labels[labels.RANK],
@@ -343,7 +331,6 @@ class Sim:
         log = self.folder / "trainers" / f"{pod.spec.node_name}.{namespace}.{pod.metadata.name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         trainer = _spawn([sys.executable, "-m", "matrixpool.devcluster.trainer"], log, env)
-        trainer.world = _world_size(gang)
         self.trainers[pod.metadata.uid] = trainer
         log.with_suffix(".pid").write_text(str(trainer.popen.pid))
 

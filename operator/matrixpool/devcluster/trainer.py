@@ -122,10 +122,10 @@ class Trainer:
         world = self.checkpointer.world_size
         self.barrier = Barrier(Path(barrier), world) if barrier else None
         seen = read_annotations(self.annotations_file)
-        self.restore_seen = seen.get(labels.RESTORE, "")  # a new value later: reload
+        self.restore_seen = env.get("MATRIXPOOL_RESTORE") or seen.get(labels.RESTORE, "")
         self.request_seen = seen.get(labels.CHECKPOINT_REQUEST, "")
         self.answer_at: tuple[str, int] | None = None  # (request, step) to save on every tier
-        self.step = self.restore(env.get("MATRIXPOOL_RESTORE") or self.restore_seen)
+        self.step = self.restore(self.restore_seen)
 
     def run(self) -> None:
         try:
