@@ -54,16 +54,12 @@ def main() -> int:
         local = cluster.Cluster(folder, progress=say)
         local.up(topology.Shape(supernodes=1), crds=binaries.repo_root() / "crds")
         env = {**os.environ, "KUBECONFIG": str(local.kubeconfig)}
-        code = (  # the daemons on a free port: other sims on this machine use the default
-            "import sys; from matrixpool.devcluster import sim; sim.PORT = int(sys.argv[1]); "
-            "from matrixpool import cli; sys.exit(cli.main(sys.argv[2:]))"
-        )
-        port = str(cluster.free_ports(1)[0])
+        port = str(cluster.free_ports(1)[0])  # other sims on this machine use the default
         sim = spawn(
-            [sys.executable, "-c", code, port, "sim", "--folder", str(folder / "sim")],
+            [sys.executable, "-m", "matrixpool.cli", "sim", "--port", port],
             env,
             folder / "sim.log",
-            ["--step-seconds", "2"],
+            ["--step-seconds", "2", "--folder", str(folder / "sim")],
         )
         operator_env = {
             **env,

@@ -169,6 +169,10 @@ def test_node_down_under_a_rank_swaps_it_to_a_spare_from_the_peer_copy(
     lines = assert_restored(sim, namespace, entry, 4, committed)
     assert lines[1]["source"].startswith("peer"), str(lines[1])  # the dead node's memory is gone
     assert before["replicas"]["desired"] == 4
+    reasons = cluster.kubectl(
+        "get", "events", "-n", namespace, "-o", "jsonpath={.items[*].reason}"
+    ).stdout.split()
+    assert {"Recovering", "Recovered"} <= set(reasons), reasons  # kubectl describe tells it
     wait_training(cluster, namespace, past=entry["restoredStep"] + 2)
 
 

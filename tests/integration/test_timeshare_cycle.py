@@ -13,10 +13,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -27,7 +23,6 @@ from typing import Any
 
 import pytest
 
-from matrixpool.devcluster import cluster as local_cluster
 from tests.integration import framework, manifests
 
 SN = "sn-0"
@@ -127,43 +122,13 @@ class Watcher:
 
 @pytest.fixture
 def sim(cluster: framework.TestCluster, tmp_path: Path) -> Iterator[Path]:
-    folder = tmp_path / "sim"
-    log = open(tmp_path / "sim.log", "wb")  # noqa: SIM115 -- the child's, closed below
-    process = subprocess.Popen(
-        [
-            *sim_command(),
-            "sim",
-            "--supernode",
-            SN,
-            "--step-seconds",
-            "2",
-            "--folder",
-            str(folder),
-        ],
-        env=cluster.env(),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    """The sim for SN's nodes, on a port of its own, with every daemon published."""
+    process = framework.Sim(cluster, tmp_path / "sim", (SN,), step_seconds=2).start()
     try:
-        framework.eventually(lambda: (folder / "token").exists(), timeout=30, what="sim token")
-        yield folder
+        yield process.folder
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=60)
-        log.close()
-        print((tmp_path / "sim.log").read_text(errors="replace")[-3000:])
-
-
-def sim_command() -> list[str]:
-    """``matrixpool`` with the sim's daemons on a port of their own, so that sims of tests that
-    run at the same time on this machine (same loopback addresses) do not collide."""
-    port = local_cluster.free_ports(1)[0]
-    code = (
-        "import sys; from matrixpool.devcluster import sim; sim.PORT = int(sys.argv[1]); "
-        "from matrixpool import cli; sys.exit(cli.main(sys.argv[2:]))"
-    )
-    return [sys.executable, "-c", code, str(port)]
+        process.stop()
+        print(process.log()[-3000:])
 
 
 def supernode_status(cluster: framework.TestCluster) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from matrixpool import checkpoints
+from matrixpool import checkpoints, clock
 from matrixpool.api import labels
 from matrixpool_recovery import client, errors
 
@@ -223,7 +223,7 @@ class Trainer:
 
 
 def report(**fields: Any) -> None:
-    print(json.dumps({"t": round(time.time(), 3), **fields}), flush=True)
+    print(json.dumps({"t": round(clock.SYSTEM.now().timestamp(), 3), **fields}), flush=True)
 
 
 def main() -> int:

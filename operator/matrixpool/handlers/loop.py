@@ -12,12 +12,12 @@ replicas that lose a peering election, so exactly one loop schedules at a time.
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
 import kopf
 import structlog
 
+from matrixpool import clock
 from matrixpool.handlers import recovery, scheduler, supernode, workloads
 from matrixpool.k8s import anchor
 from matrixpool.k8s.convert import PodFacts
@@ -73,7 +73,7 @@ async def main_loop(
             pods={key: list(store) for key, store in gang_pods.items()},
             workloads=[*_all(training_jobs), *_all(inference_services)],
             unreachable=recovery.unreachable(),
-            stale=recovery.stale_leases(_first(node_leases), time.time()),
+            stale=recovery.stale_leases(_first(node_leases), clock.SYSTEM.now().timestamp()),
         )
 
     while not stopped:

@@ -284,7 +284,6 @@ async def start(
     facts = [p for p in world.pods.get(workload.key, []) if not p.deleting and p.node]
     topologies = scheduler.topologies(world)
     supernode_of = {str(s.name): t.name for t in topologies for s in t.nodes}
-    rack_key = {t.name: labels.RACK for t in topologies}
     nodes: dict[str, inventory.NodeInfo] = {n.name: n for n in world.nodes}
     view = policy.JobView(
         key=workload.key,
@@ -292,7 +291,7 @@ async def start(
         node_of={p.rank: policy.NodeName(p.node or "") for p in facts},
         cards_of={p.rank: frozenset(p.cards) for p in facts},
         rack_of={
-            policy.NodeName(n): nodes[n].labels.get(rack_key.get(supernode_of.get(n, ""), ""), n)
+            policy.NodeName(n): nodes[n].labels.get(labels.RACK, n)
             for n in {p.node or "" for p in facts}
             if n in nodes
         },
@@ -493,8 +492,12 @@ async def carry_out(
         await pods.delete(doomed_now, grace_seconds=0)
     if doomed:
         await pods.delete(doomed)
-    for (namespace, name), value in reload.items():
-        await pods.annotate([(namespace, name)], {labels.RESTORE: value})
+    by_value: dict[str, list[tuple[str, str]]] = {}
+    for key, value in reload.items():
+        by_value.setdefault(value, []).append(key)
+    await asyncio.gather(  # one batch per distinct value (InPlace: one for every rank)
+        *(pods.annotate(keys, {labels.RESTORE: value}) for value, keys in by_value.items())
+    )
     if doomed_now or doomed or reload:
         return
     assert isinstance(workload.model, trainingjob.TrainingJob)

@@ -548,6 +548,7 @@ def effective_replicas(workload: Workload, decided: int | None = None) -> int:
 
 def topologies(world: World) -> list[model.SuperNodeTopology]:
     result = []
+    silent = world.unreachable | world.stale  # no daemon or no kubelet heartbeat: nothing new
     for name, sn in sorted(world.supernodes.items()):
         spec = sn.spec
         selector = inventory.Selector.from_spec(common.to_wire(spec.node_selector))
@@ -567,7 +568,7 @@ def topologies(world: World) -> list[model.SuperNodeTopology]:
                 frozenset(
                     model.CardId(c) for c in range(cards - foreign) if c not in node.unhealthy
                 )
-                if node.ready and node.name not in world.unreachable | world.stale
+                if node.ready and node.name not in silent
                 else frozenset()
             )
             domains = tuple(node.labels.get(k, "") for k in spec.topology_keys)
