@@ -104,6 +104,7 @@ class Restored:
     state: dict[str, Any]  # names to bytes, NumPy arrays or tensors
     source: str  # where the shard came from, e.g. "peer:node-c" or "persistent"
     skipped: tuple[str, ...] = ()  # faster sources that failed, with the reason
+    incarnation: int = 0  # the run that wrote it
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,7 @@ class Checkpointer:
         background_staging: bool = True,
         shared_memory: bool | None = None,
         timeout: float = 600.0,
+        incarnation: int = 0,
     ) -> None:
         self.job = names.job(job)  # validated: it becomes a directory name
         self.rank = names.rank(rank)
@@ -151,11 +153,13 @@ class Checkpointer:
         self._peers = None if peers is None else [wire.Endpoint(p, token) for p in peers]
         self.background_staging = background_staging  # False: save() returns once staged
         self.timeout = timeout  # seconds a save may take to reach every tier
+        self.incarnation = names.number(incarnation, "incarnation", names.MAX_STEP)  # this run
+        self.base = -1  # the step this run restored from; -1: it started from nothing
         self._stager = staging.Stager()
         self._queue: queue.Queue[_Save | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._handles: list[SaveHandle] = []
-        self._committed: int | None = None  # newest tier-1 step known committed for all ranks
+        self._committed: manifest.Point | None = None  # newest tier-1 step committed, known
         self._refresh_at = 0.0  # monotonic time of the next look at every peer's inventory
         self._colocated = shared_memory  # may this process open the daemon's buffers? None: probe
         self._maps: OrderedDict[str, tuple[mmap.mmap, int]] = OrderedDict()  # buffer -> map
@@ -179,7 +183,16 @@ class Checkpointer:
             token,
             spec=CheckpointSpec.from_json(spec_json) if spec_json else None,
             peers=peers or None,
+            incarnation=int(env.get("MATRIXPOOL_INCARNATION") or 0),
         )
+
+    def start_incarnation(self, incarnation: int) -> None:
+        """This rank now runs as a new incarnation (a recovery or resume said so): its next
+        saves carry it, and restore() records the step it started from."""
+        self._drain()
+        self.incarnation = names.number(incarnation, "incarnation", names.MAX_STEP)
+        self.base = -1
+        self._committed = None
 
     # --- saving ---
 
@@ -257,12 +270,16 @@ class Checkpointer:
             handle.done.set()
 
     def _options(self, handle: SaveHandle) -> dict[str, Any]:
+        committed = self._committed
         return {
             "worldSize": self.world_size,
             "tiers": ",".join(handle.tiers),
             "peerReplicas": self.spec.peer_replicas,
             "persistentUri": self.spec.persistent_uri,
-            "committed": self._committed,
+            "incarnation": self.incarnation,
+            "base": self.base,
+            "committed": None if committed is None else committed.step,
+            "committedIncarnation": None if committed is None else committed.incarnation,
         }
 
     def _hand_over(self, item: _Save) -> list[str]:
@@ -270,9 +287,9 @@ class Checkpointer:
         handle, layout = item.handle, item.captured.layout
         path = wire.shard_path(self.job, self.rank, handle.step, "reserve")
         if self._is_colocated():
-            buffer = wire.request(
-                self.daemon, "POST", path, {"size": layout.size, "committed": self._committed}
-            )
+            options = self._options(handle)
+            reserve = {k: options[k] for k in ("committed", "committedIncarnation")}
+            buffer = wire.request(self.daemon, "POST", path, {"size": layout.size, **reserve})
             digest = self._stage_into_buffer(item, buffer)
             body = {
                 **self._options(handle),
@@ -344,9 +361,9 @@ class Checkpointer:
             self._refresh_at = now + COMMITTED_REFRESH
             self._committed = self._newest_memory_step()
 
-    def _newest_memory_step(self) -> int | None:
+    def _newest_memory_step(self) -> manifest.Point | None:
         found = [s.holding for s in self._sources(persistent=False) if s.holding.tier == MEMORY]
-        return manifest.newest_complete(found, self.world_size, MEMORY)
+        return manifest.choose(found, self.world_size, MEMORY)
 
     # --- the daemon's memory, mapped ---
 
@@ -393,38 +410,74 @@ class Checkpointer:
         return manifest.committed([s.holding for s in self._sources()], self.world_size, TIERS)
 
     def restore(
-        self, step: int | None = None, *, into: Mapping[str, Any] | None = None
+        self,
+        step: int | None = None,
+        *,
+        incarnation: int | None = None,
+        into: Mapping[str, Any] | None = None,
     ) -> Restored:
         """The state of this rank at `step` (default: the newest committed for every rank).
 
+        The shards restored are all of one incarnation: `incarnation` names it (a recovery
+        that chose the step says which run wrote it); else the newest run that holds the step
+        on the newest timeline. Without `step`, when every copy of this rank's shard of the
+        newest committed step is corrupt, the step committed before it is restored instead.
         `into` maps names to arrays or tensors to fill in place (a model's own tensors).
         """
         self._drain()
         sources = self._sources()
-        chosen = (
-            step
-            if step is not None
-            else manifest.newest_complete([s.holding for s in sources], self.world_size)
-        )
-        if chosen is None:
+        candidates = self._candidates(sources, step, incarnation)
+        if not candidates:
             lost = "; ".join(self._unreachable) or "none"
-            raise errors.NoCheckpointError(
-                f"{self.job}: no step is committed for every rank (unreachable daemons: {lost})"
-            )
-        mine = [s for s in sources if s.holding.step == chosen and s.holding.rank == self.rank]
-        mine.sort(key=lambda s: (SOURCE_ORDER.index(s.kind), s.rank_of_peer))
+            asked = "no step is committed for every rank" if step is None else f"no step {step}"
+            raise errors.NoCheckpointError(f"{self.job}: {asked} (unreachable daemons: {lost})")
         failures: list[str] = []
+        for point in candidates:
+            restored = self._restore_point(sources, point, into, failures)
+            if restored is not None:
+                self.base = point.step
+                return restored
+        raise errors.NoCheckpointError(
+            f"{self.job}: no valid copy of rank {self.rank} at step "
+            f"{', '.join(str(p.step) for p in candidates)} ({'; '.join(failures) or 'none held'})"
+        )
+
+    def _candidates(
+        self, sources: Sequence[_Source], step: int | None, incarnation: int | None
+    ) -> list[manifest.Point]:
+        """Steps to try, newest first: every committed one, or the one asked for."""
+        found = [s.holding for s in sources]
+        if step is None:
+            return manifest.complete_points(found, self.world_size)
+        if incarnation is not None:
+            return [manifest.Point(incarnation, step)]
+        runs = {h.incarnation for h in manifest.timeline(found) if h.step == step}
+        return [manifest.Point(max(runs), step)] if runs else []
+
+    def _restore_point(
+        self,
+        sources: Sequence[_Source],
+        point: manifest.Point,
+        into: Mapping[str, Any] | None,
+        failures: list[str],
+    ) -> Restored | None:
+        mine = [
+            s
+            for s in sources
+            if s.holding.rank == self.rank
+            and manifest.Point(s.holding.incarnation, s.holding.step) == point
+        ]
+        mine.sort(key=lambda s: (SOURCE_ORDER.index(s.kind), s.rank_of_peer))
+        if not mine:
+            failures.append(f"step {point.step}: no source holds rank {self.rank}")
         for source in mine:
             try:
                 state = self._fetch(source, into)
-                return Restored(chosen, state, source.name, tuple(failures))
+                return Restored(point.step, state, source.name, tuple(failures), point.incarnation)
             except READ_ERRORS as err:
                 log.warning("restore from %s failed, trying the next source: %s", source.name, err)
-                failures.append(f"{source.name}: {err}")
-        raise errors.NoCheckpointError(
-            f"{self.job}: no valid copy of rank {self.rank} at step {chosen} "
-            f"({'; '.join(failures) or 'no source holds it'})"
-        )
+                failures.append(f"step {point.step} {source.name}: {err}")
+        return None
 
     def _drain(self) -> None:
         for handle in self._handles:
@@ -446,7 +499,9 @@ class Checkpointer:
         daemons = [(self.daemon, 0)] + [(p, i + 1) for i, p in enumerate(self._peer_endpoints())]
         for endpoint, order in daemons:
             for holding in self._inventory(endpoint):
-                kind = {MEMORY: "memory", LOCAL: "local"}[holding.tier]
+                if holding.tier not in (MEMORY, LOCAL):
+                    continue  # a daemon serves tiers 1 and 2; tier 3 is read from its URI
+                kind = "memory" if holding.tier == MEMORY else "local"
                 if order:
                     kind = "peer" if holding.tier == MEMORY else "peer-local"
                 found.append(_Source(kind, holding, endpoint, order))

@@ -80,6 +80,9 @@ class SaveOptions:
     committed: int | None = None  # newest step committed for every rank, as the trainer knows
     origin: str = ""  # node whose trainer wrote the shard
     replica: bool = False  # a peer's copy: keep, do not push further
+    incarnation: int = 0  # the run of the job that wrote the shard
+    base: int = -1  # the step that run restored from; -1: none
+    committed_incarnation: int = 0  # the incarnation `committed` belongs to
 
     @classmethod
     def parse(cls, get: Callable[[str], Any], origin: str) -> SaveOptions:
@@ -87,6 +90,7 @@ class SaveOptions:
         if not tiers or not set(tiers) <= set(TIERS):
             raise ValueError(f"tiers {tiers} not among {TIERS}")
         committed = get("committed")
+        base = get("base")
         return cls(
             world_size=names.number(str(get("worldSize")), "world size", names.MAX_RANK),
             tiers=tiers,
@@ -95,7 +99,21 @@ class SaveOptions:
             committed=None if committed in (None, "") else int(committed),
             origin=str(get("origin") or origin),
             replica=str(get("replica") or "") in ("1", "true", "True"),
+            incarnation=_incarnation(get("incarnation")),
+            base=-1 if base in (None, "", -1, "-1") else names.step(str(base)),
+            committed_incarnation=_incarnation(get("committedIncarnation")),
         )
+
+    def record(self, rank: int, size: int, checksum: str, buffer: str) -> manifest.ShardRecord:
+        """The shard record of a save with these options."""
+        return manifest.ShardRecord(
+            rank, size, checksum, self.origin, buffer, self.incarnation, self.base
+        )
+
+
+def _incarnation(value: Any) -> int:
+    """An incarnation number from a header or a JSON body: a non-negative integer."""
+    return 0 if value in (None, "") else names.number(str(value), "incarnation", names.MAX_STEP)
 
 
 @dataclass
@@ -184,11 +202,11 @@ class Daemon:
         `started`: when the upload began (perf_counter), for the tier-1 save latency.
         """
         started = time.perf_counter() if started is None else started
-        self.memory.protect(job, options.committed)
+        self.memory.protect(job, options.committed, options.committed_incarnation)
         hold = MEMORY in options.tiers
         try:
             self.memory.commit(job, rank, step, record, options.world_size, hold)
-        except errors.IntegrityError:
+        except (errors.IntegrityError, errors.DaemonError):
             self.memory.abandon(record.buffer)
             raise
         tasks = self._tasks(job, rank, step, record, options, hold)
@@ -295,6 +313,7 @@ class Daemon:
         meta = _upload_meta(record, options.world_size, MEMORY, self.node, replica=True)
         if options.committed is not None:  # the peer keeps the committed step too
             meta[wire.HEADER + "Committed"] = str(options.committed)
+            meta[wire.HEADER + "Committed-Incarnation"] = str(options.committed_incarnation)
         url = wire.shard_path(job, rank, step, "shard")
         reached: list[str] = []
         failures: list[str] = []
@@ -383,6 +402,8 @@ def _upload_meta(
         wire.HEADER + "Tiers": tiers,
         wire.HEADER + "Origin": origin,
         wire.HEADER + "Replica": "1" if replica else "0",
+        wire.HEADER + "Incarnation": str(record.incarnation),
+        wire.HEADER + "Base": str(record.base),
     }
 
 
@@ -465,7 +486,12 @@ class Handler(BaseHTTPRequestHandler):
         match method, action:
             case "POST", "reserve":
                 body = self._body()
-                daemon.memory.protect(job, body.get("committed"))
+                committed = body.get("committed")
+                daemon.memory.protect(
+                    job,
+                    None if committed is None else names.step(committed),
+                    _incarnation(body.get("committedIncarnation")),
+                )
                 buffer = daemon.memory.reserve(job, rank, step, int(body["size"]))
                 where = str(daemon.memory.path(buffer.id))
                 live = daemon.memory.owned(job, rank)
@@ -473,12 +499,8 @@ class Handler(BaseHTTPRequestHandler):
             case "POST", "commit":
                 body = self._body()
                 options = SaveOptions.parse(body.get, daemon.node)
-                record = manifest.ShardRecord(
-                    rank,
-                    int(body["size"]),
-                    str(body["checksum"]),
-                    options.origin,
-                    str(body["buffer"]),
+                record = options.record(
+                    rank, int(body["size"]), str(body["checksum"]), str(body["buffer"])
                 )
                 self._json(daemon.stored(job, rank, step, record, options))
             case "PUT", "shard":
@@ -512,7 +534,7 @@ class Handler(BaseHTTPRequestHandler):
         self.body_read = True  # from here on, receive reads it or the connection is broken
         started = time.perf_counter()
         record = daemon.receive(job, rank, step, size, str(get("checksum")), self.rfile.readinto)
-        stored = manifest.ShardRecord(rank, size, record.checksum, options.origin, record.buffer)
+        stored = options.record(rank, size, record.checksum, record.buffer)
         self._json(daemon.stored(job, rank, step, stored, options, started))
 
     def _send_shard(self, job: str, rank: int, step: int, tier: str) -> None:

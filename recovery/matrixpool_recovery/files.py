@@ -69,6 +69,12 @@ class DiskTier:
         self, source: Path, record: manifest.ShardRecord, job: str, step: int, world_size: int
     ) -> None:
         directory = self.step_dir(job, step)
+        with self._lock:
+            found = manifest.load(directory)
+            if found is not None and _superseded(found, record):
+                # A newer run re-saves this rank: the manifest stops naming the old shard
+                # before its file is replaced, so no reader pairs old checksum and new bytes.
+                manifest.save(directory, found.without(record.rank))
         copy_file(source, record.size, directory / shard_name(record.rank))
         with self._lock:
             found = manifest.load(directory) or manifest.Manifest(
@@ -124,6 +130,12 @@ class Persistent:
     ) -> bool:
         """Write one rank's shard; True when this upload committed the step."""
         directory = self.step_dir(job, step)
+        found = manifest.load(directory)
+        if found is not None and _superseded(found, record):
+            # A newer run re-saves a step an older one committed (it restored from below):
+            # the old commit goes before any of its shards is replaced.
+            (directory / manifest.FILE).unlink(missing_ok=True)
+            manifest.sync_dir(directory)
         copy_file(source, record.size, directory / shard_name(record.rank))
         sidecar = directory / f"rank-{record.rank}.json"
         manifest.write_atomic(
@@ -141,7 +153,10 @@ class Persistent:
             if not sidecar.exists():
                 return False
             shards.update(manifest.Manifest.from_bytes(sidecar.read_bytes()).shards)
-        manifest.save(directory, manifest.Manifest(job, step, PERSISTENT, world_size, "", shards))
+        built = manifest.Manifest(job, step, PERSISTENT, world_size, "", shards)
+        if not built.complete:  # ranks of two incarnations: not a step of either
+            return False
+        manifest.save(directory, built)
         self._prune(job)
         return True
 
@@ -175,6 +190,20 @@ def prune(job_dir: Path, keep: int, also: Iterable[str] = ()) -> None:
         for old in steps:
             if old.name < oldest_kept and old.name not in spared:
                 shutil.rmtree(old, ignore_errors=True)
+
+
+def _superseded(found: manifest.Manifest, record: manifest.ShardRecord) -> bool:
+    """Whether ``record`` replaces the shard ``found`` names for its rank; a shard of an older
+    incarnation than the one held is refused (a run that was already replaced)."""
+    held = found.shards.get(record.rank)
+    if held is None or held.incarnation == record.incarnation:
+        return False
+    if held.incarnation > record.incarnation:
+        raise errors.CheckpointError(
+            f"rank {record.rank} of {found.job} step {found.step}: incarnation "
+            f"{record.incarnation} is older than the {held.incarnation} already stored"
+        )
+    return True
 
 
 def _load_quiet(directory: Path) -> manifest.Manifest | None:

@@ -10,9 +10,15 @@ half-written one, and never a shard that is still being written.
 * Tier 3 is shared: each rank's upload writes a sidecar, and the upload that completes the set
   writes the one manifest listing every rank.
 
-A step is committed on a tier when the shards named by that tier's manifests cover every rank
-(``committed``); ``newest_complete`` picks the step a restore uses. Called by the daemon (write)
-and by the trainer client (read, decide).
+Every shard carries the **incarnation** of the job that wrote it: each run, recovery and resume
+of a job is a new incarnation (a number the operator hands out, growing). A step is committed
+on a tier when the shards named by that tier's manifests cover every rank **in one
+incarnation** (``committed``), so a restore never mixes two runs' bytes. Shards also carry the
+step their run restored from (``base``), and timelines follow PostgreSQL's rule: once
+incarnation J restored from step B, every shard of an older incarnation past B lies on a branch
+J abandoned and is ignored (``timeline``). ``newest_complete`` and
+``choose`` pick the step (and incarnation) a restore uses. Called by the daemon (write) and by
+the trainer client and the operator (read, decide).
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ class ShardRecord:
     checksum: str  # ALGORITHM:HEX over the whole shard
     origin: str = ""  # node whose trainer wrote it (another node for peer copies)
     buffer: str = ""  # tier 1: the daemon's buffer holding it
+    incarnation: int = 0  # the run of the job that wrote it
+    base: int = -1  # the step that run restored from; -1: it started from nothing
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -46,6 +54,8 @@ class ShardRecord:
             "checksum": self.checksum,
             "origin": self.origin,
             "buffer": self.buffer,
+            "incarnation": self.incarnation,
+            "base": self.base,
         }
 
     @classmethod
@@ -56,6 +66,8 @@ class ShardRecord:
             checksum=str(data["checksum"]),
             origin=str(data.get("origin", "")),
             buffer=str(data.get("buffer", "")),
+            incarnation=int(data.get("incarnation", 0)),
+            base=int(data.get("base", -1)),
         )
 
 
@@ -86,8 +98,10 @@ class Manifest:
 
     @property
     def complete(self) -> bool:
-        """Lists a shard of every rank."""
-        return set(self.shards) >= set(range(self.world_size))
+        """Lists a shard of every rank, all written by one incarnation."""
+        return set(self.shards) >= set(range(self.world_size)) and (
+            len({s.incarnation for s in self.shards.values()}) == 1
+        )
 
     def to_bytes(self) -> bytes:
         return json.dumps(
@@ -164,6 +178,8 @@ class Holding:
     checksum: str
     node: str = ""  # the daemon holding it; "" for tier 3
     origin: str = ""  # node whose trainer wrote it
+    incarnation: int = 0  # the run of the job that wrote it
+    base: int = -1  # the step that run restored from; -1: it started from nothing
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -175,6 +191,8 @@ class Holding:
             "checksum": self.checksum,
             "node": self.node,
             "origin": self.origin,
+            "incarnation": self.incarnation,
+            "base": self.base,
         }
 
     @classmethod
@@ -188,6 +206,8 @@ class Holding:
             str(data["checksum"]),
             str(data.get("node", "")),
             str(data.get("origin", "")),
+            int(data.get("incarnation", 0)),
+            int(data.get("base", -1)),
         )
 
 
@@ -202,9 +222,54 @@ def holdings(manifest: Manifest) -> list[Holding]:
             s.checksum,
             manifest.node,
             s.origin,
+            s.incarnation,
+            s.base,
         )
         for s in manifest.shards.values()
     ]
+
+
+@dataclass(frozen=True, order=True)
+class Point:
+    """A step of one incarnation; ordered as a restore prefers them (newest run first)."""
+
+    incarnation: int
+    step: int
+
+
+def timeline(found: Iterable[Holding]) -> list[Holding]:
+    """The holdings on the newest timeline: a shard of incarnation I at step S is dropped when
+    a newer incarnation restored from below S (or wrote a step <= S): S of I lies on the
+    branch that run abandoned."""
+    listed = list(found)
+    lowest: dict[int, int] = {}  # incarnation -> first step not inherited from older runs
+    for h in listed:
+        first = min(h.step, h.base + 1)
+        lowest[h.incarnation] = min(first, lowest.get(h.incarnation, first))
+    newer_floor: dict[int, float] = {}  # incarnation -> lowest step of any newer incarnation
+    floor = float("inf")
+    for incarnation in sorted(lowest, reverse=True):
+        newer_floor[incarnation] = floor
+        floor = min(floor, lowest[incarnation])
+    return [h for h in listed if h.step < newer_floor[h.incarnation]]
+
+
+def complete_points(
+    found: Iterable[Holding], world_size: int, tier: str | None = None
+) -> list[Point]:
+    """Steps whose shards of one incarnation cover every rank on the newest timeline (on one
+    tier, or across tiers), newest first."""
+    ranks: dict[Point, set[int]] = {}
+    for holding in timeline(found):
+        if tier is None or holding.tier == tier:
+            ranks.setdefault(Point(holding.incarnation, holding.step), set()).add(holding.rank)
+    every = set(range(world_size))
+    return sorted((p for p, covered in ranks.items() if covered >= every), reverse=True)
+
+
+def choose(found: Iterable[Holding], world_size: int, tier: str | None = None) -> Point | None:
+    """The step (and incarnation) a restore uses: the newest complete one."""
+    return next(iter(complete_points(found, world_size, tier)), None)
 
 
 def coverage(found: Iterable[Holding], tier: str | None = None) -> dict[int, set[int]]:
@@ -219,10 +284,10 @@ def coverage(found: Iterable[Holding], tier: str | None = None) -> dict[int, set
 def newest_complete(
     found: Iterable[Holding], world_size: int, tier: str | None = None
 ) -> int | None:
-    """The newest step whose shards cover every rank (on one tier, or across tiers)."""
-    every = set(range(world_size))
-    complete = [step for step, ranks in coverage(found, tier).items() if ranks >= every]
-    return max(complete, default=None)
+    """The newest step whose shards of one incarnation cover every rank (on one tier, or
+    across tiers), on the newest timeline."""
+    chosen = choose(found, world_size, tier)
+    return None if chosen is None else chosen.step
 
 
 def committed(

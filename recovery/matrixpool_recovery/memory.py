@@ -72,8 +72,8 @@ class MemoryTier:
         self._buffers: dict[str, Buffer] = {}
         self._steps: dict[tuple[str, int], dict[int, Held]] = {}  # (job, step) -> rank -> Held
         self._world: dict[tuple[str, int], int] = {}  # (job, step) -> world size
-        self._committed: dict[str, int] = {}  # job -> newest step committed for every rank
-        self._previous: dict[str, int] = {}  # job -> the committed step before that one
+        self._committed: dict[str, manifest.Point] = {}  # job -> newest committed for every rank
+        self._previous: dict[str, manifest.Point] = {}  # job -> the committed one before that
         self._pinned: dict[str, int] = {}  # job -> a step a recovery is restoring
         self._seq = itertools.count()
         (root / "buffers").mkdir(parents=True, exist_ok=True)
@@ -192,6 +192,13 @@ class MemoryTier:
                 )
             if self.path(buffer.id).stat().st_size != record.size or buffer.size != record.size:
                 raise errors.IntegrityError(f"buffer {buffer.id} is not {record.size} bytes")
+            held = self._steps.get((job, step), {}).get(rank)
+            if hold and held is not None and held.record.incarnation > record.incarnation:
+                raise errors.DaemonError(
+                    f"{job}/{rank} step {step}: incarnation {record.incarnation} is older "
+                    f"than the {held.record.incarnation} held (a replaced run still saving)",
+                    409,
+                )
             buffer.state = HELD if hold else TRANSIT
             if hold:
                 self._hold(job, rank, step, record, world_size)
@@ -217,6 +224,7 @@ class MemoryTier:
         before; and a rank that died writes no newer shard, so its newest copy on a peer is
         the one its recovery needs, however far the other ranks have gone.
         """
+        self._drop_abandoned(job)
         steps = sorted((s for j, s in self._steps if j == job), reverse=True)
         kept = self._protected(job) | self._newest_per_rank(job)
         for step in steps[self.keep :]:
@@ -224,12 +232,57 @@ class MemoryTier:
             if step not in kept and not any(self._buffers[b].busy for b in buffers):
                 self._evict((job, step))
 
+    def _drop_abandoned(self, job: str) -> None:
+        """Shards of older incarnations past the step a newer one restored from lie on an
+        abandoned branch (``manifest.timeline``): they can never be restored, so they go
+        (unless pinned or being read)."""
+        held = [
+            (step, rank, h)
+            for (j, step), ranks in self._steps.items()
+            if j == job
+            for rank, h in ranks.items()
+        ]
+        found = [
+            manifest.Holding(
+                job,
+                rank,
+                step,
+                MEMORY,
+                h.record.size,
+                h.record.checksum,
+                incarnation=h.record.incarnation,
+                base=h.record.base,
+            )
+            for step, rank, h in held
+        ]
+        alive = {(h.step, h.rank, h.incarnation) for h in manifest.timeline(found)}
+        pinned = self._pinned.get(job)
+        for step, rank, h in held:
+            buffer = self._buffers[h.record.buffer]
+            if (step, rank, h.record.incarnation) in alive or step == pinned or buffer.busy:
+                continue
+            del self._steps[(job, step)][rank]
+            self._release(h.record.buffer)
+            log.info(
+                "dropped %s/%d step %d of abandoned incarnation %d",
+                job,
+                rank,
+                step,
+                h.record.incarnation,
+            )
+            if self._steps[(job, step)]:
+                self._write_manifest(job, step)
+            else:
+                self._evict((job, step))
+
     def _protected(self, job: str) -> set[int]:
         """Steps of a job never evicted: the two newest committed ones as trainers report
         them, else (no report yet) the newest step held here."""
         pinned = {self._pinned[job]} if job in self._pinned else set()
         if job in self._committed:
-            return {self._committed[job], self._previous.get(job, self._committed[job])} | pinned
+            current = self._committed[job]
+            previous = self._previous.get(job, current)
+            return {current.step, previous.step} | pinned
         newest = max((s for j, s in self._steps if j == job), default=None)
         return pinned if newest is None else {newest} | pinned
 
@@ -313,16 +366,18 @@ class MemoryTier:
             else:
                 self._pinned[job] = step
 
-    def protect(self, job: str, step: int | None) -> None:
-        """Remember the newest step of a job committed for every rank: never evicted."""
+    def protect(self, job: str, step: int | None, incarnation: int = 0) -> None:
+        """Remember the newest step of a job committed for every rank (newest incarnation
+        first): never evicted."""
         if step is None:
             return
+        point = manifest.Point(incarnation, step)
         with self._lock:
-            current = self._committed.get(job, -1)
-            if step > current:
-                if current >= 0:
+            current = self._committed.get(job)
+            if current is None or point > current:
+                if current is not None:
                     self._previous[job] = current
-                self._committed[job] = step
+                self._committed[job] = point
 
     def manifests(self, job: str | None = None) -> list[manifest.Manifest]:
         with self._lock:
