@@ -66,7 +66,7 @@ def test_a_newer_run_abandons_the_older_runs_later_steps(cluster: Cluster) -> No
         for rank, client in enumerate(run1):
             client.save(step, state(1, rank, step)).wait()
     run2 = [cluster.client("a", JOB, r, 2, spec=spec, incarnation=2) for r in (0, 1)]
-    for rank, client in enumerate(run2):
+    for client in run2:
         assert client.restore(1, incarnation=1).step == 1
     run2[0].save(2, state(2, 0, 2)).wait()
     assert run2[0].latest() == 1, "run 1's step 3 is on the branch run 2 abandoned"
