@@ -8,18 +8,25 @@ checkpoint request; which step to resume from).
 The daemons want the shared token: ``MATRIXPOOL_CKPT_TOKEN`` or ``MATRIXPOOL_CKPT_TOKEN_FILE``
 (the chart mounts the daemons' Secret). Without a token the operator sees no daemon.
 
+Jobs are known to the daemons by their TrainingJob's UID (``MATRIXPOOL_JOB``), never by
+namespace and name: a job deleted and created again under the same name is a new job that
+sees none of its predecessor's checkpoints. ``delete`` removes a deleted job's checkpoints.
+
 Also the codec of the pod annotation ``matrixpool.dev/restore`` that tells a rank what to
-restore: ``{"step": 120, "from": ["10.0.0.7:7040"], "recovery": "r3"}`` — the step (or absent for
-"the newest committed"), the daemons that hold copies (beyond the rank's own node daemon), and
-the id of the recovery or resume that asked (a new id makes the trainers reload, even at the
-same step).
+restore: ``{"step": 120, "of": 7, "incarnation": 9, "from": ["10.0.0.7:7040"], "recovery":
+"r3"}`` — the step (or absent for "the newest committed"), the incarnation that wrote it, the
+new incarnation the rank runs as from now on (``new_incarnation``), the daemons that hold
+copies (beyond the rank's own node daemon), and the id of the recovery or resume that asked (a
+new id makes the trainers reload, even at the same step).
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import os
+import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,11 +36,6 @@ from matrixpool_recovery import errors, files, manifest, wire
 PROBE_TIMEOUT = 1.0  # seconds for one healthz request
 INVENTORY_TIMEOUT = 3.0  # seconds for one inventory request (a busy daemon lists slower)
 MAX_PARALLEL = 32  # daemons asked at once
-
-
-def job_id(namespace: str, name: str) -> str:
-    """The job name trainers checkpoint under (MATRIXPOOL_JOB): ``<namespace>.<name>``."""
-    return f"{namespace}.{name}"
 
 
 def token() -> str | None:
@@ -55,8 +57,17 @@ class Inventory:
     unreachable: frozenset[str] = frozenset()  # nodes whose daemon did not answer
 
     def newest_complete(self, world_size: int, tier: str | None = None) -> int | None:
-        """The newest step every rank holds (on one tier, or on any)."""
+        """The newest step every rank holds in one incarnation (on one tier, or on any)."""
         return manifest.newest_complete(self.holdings, world_size, tier)
+
+    def timeline(self) -> list[manifest.Holding]:
+        """The holdings on the newest timeline: one incarnation per step."""
+        return manifest.timeline(self.holdings)
+
+    def incarnation_of(self, step: int | None) -> int | None:
+        """The incarnation that wrote ``step`` on the newest timeline."""
+        runs = {h.incarnation for h in self.timeline() if h.step == step}
+        return max(runs) if runs else None
 
     def committed(self, world_size: int) -> dict[str, int | None]:
         """Per tier (memory, local, persistent): the newest step committed for every rank."""
@@ -135,6 +146,71 @@ def _pin(address: str, secret: str, job: str, step: int | None) -> str | None:
     return address
 
 
+async def delete(job: str, endpoints: Iterable[str]) -> list[str]:
+    """Ask each daemon to drop every checkpoint of ``job`` (tiers 1 and 2); the endpoints
+    that did (a daemon that holds nothing of it answers too)."""
+    secret = token()
+    if secret is None:
+        return []
+    limit = asyncio.Semaphore(MAX_PARALLEL)
+
+    async def one(address: str) -> str | None:
+        async with limit:
+            return await asyncio.to_thread(_delete, address, secret, job)
+
+    answers = await asyncio.gather(*(one(a) for a in sorted(set(endpoints))))
+    return [a for a in answers if a is not None]
+
+
+def _delete(address: str, secret: str, job: str) -> str | None:
+    endpoint = wire.Endpoint(address, secret, timeout=INVENTORY_TIMEOUT)
+    try:
+        wire.request(endpoint, "DELETE", f"/v1/jobs/{job}")
+    except (errors.CheckpointError, OSError, ValueError):
+        return None
+    return address
+
+
+async def jobs_held(endpoints: Iterable[str]) -> dict[str, set[str]]:
+    """Job -> endpoints of the daemons that hold any checkpoint of it (the daemons that
+    answer; one inventory request each)."""
+    secret = token()
+    if secret is None:
+        return {}
+    limit = asyncio.Semaphore(MAX_PARALLEL)
+
+    async def one(address: str) -> tuple[str, list[manifest.Holding] | None]:
+        async with limit:
+            return address, await asyncio.to_thread(_everything, address, secret)
+
+    held: dict[str, set[str]] = {}
+    for address, found in await asyncio.gather(*(one(a) for a in sorted(set(endpoints)))):
+        for holding in found or []:
+            held.setdefault(holding.job, set()).add(address)
+    return held
+
+
+def _everything(address: str, secret: str) -> list[manifest.Holding] | None:
+    endpoint = wire.Endpoint(address, secret, timeout=INVENTORY_TIMEOUT)
+    try:
+        answer = wire.request(endpoint, "GET", "/v1/inventory")
+    except (errors.CheckpointError, OSError, ValueError):
+        return None
+    return [manifest.Holding.from_json(s) for s in answer["shards"]]
+
+
+def delete_persistent(job: str, uri: str) -> bool:
+    """Remove the job's folder under its tier-3 URI, when this process can reach it."""
+    try:
+        store = files.Persistent(uri, keep=1)
+        folder = store.root / job
+        if folder.exists():
+            shutil.rmtree(folder)
+    except (errors.CheckpointError, OSError, ValueError):
+        return False
+    return True
+
+
 async def probe(endpoints: Mapping[str, str]) -> dict[str, bool]:
     """Node -> whether its daemon answers ``/v1/healthz`` within PROBE_TIMEOUT."""
     limit = asyncio.Semaphore(MAX_PARALLEL)
@@ -164,15 +240,36 @@ class Restore:
     step: int | None
     sources: tuple[str, ...] = ()  # daemon endpoints holding copies, beyond the rank's own
     recovery: str = ""  # id of the recovery or resume that asked
+    incarnation: int | None = None  # the incarnation the rank runs as after restoring
+    of: int | None = None  # the incarnation that wrote ``step``
 
 
-def restore_value(step: int | None, sources: Iterable[str] = (), recovery_id: str = "") -> str:
-    """The annotation value for a rank to restore ``step`` from ``sources``."""
+def new_incarnation(found: Inventory, now: datetime.datetime) -> int:
+    """A number for the next run of a job, above every incarnation its shards carry: the
+    decision's time in milliseconds, so that it grows across operator restarts too."""
+    newest = max((h.incarnation for h in found.holdings), default=0)
+    return max(int(now.timestamp() * 1000), newest + 1)
+
+
+def restore_value(
+    step: int | None,
+    sources: Iterable[str] = (),
+    recovery_id: str = "",
+    *,
+    incarnation: int | None = None,
+    of: int | None = None,
+) -> str:
+    """The annotation value for a rank to restore ``step`` (written by incarnation ``of``)
+    from ``sources`` and run on as ``incarnation``."""
     body: dict[str, object] = {"from": sorted(set(sources))}
     if step is not None:
         body["step"] = step
     if recovery_id:
         body["recovery"] = recovery_id
+    if incarnation is not None:
+        body["incarnation"] = incarnation
+    if of is not None and step is not None:
+        body["of"] = of
     return json.dumps(body, separators=(",", ":"), sort_keys=True)
 
 
@@ -197,4 +294,10 @@ def parse_restore(value: str | None) -> Restore | None:
     sources = body.get("from") or []
     if not isinstance(sources, list) or not all(isinstance(s, str) for s in sources):
         raise ValueError("restore 'from' must be a list of host:port strings")
-    return Restore(step, tuple(sources), str(body.get("recovery") or ""))
+    numbers = {k: body.get(k) for k in ("incarnation", "of")}
+    for key, number in numbers.items():
+        if number is not None and (not isinstance(number, int) or number < 0):
+            raise ValueError(f"restore {key!r} {number!r} must be a whole number >= 0")
+    return Restore(
+        step, tuple(sources), str(body.get("recovery") or ""), numbers["incarnation"], numbers["of"]
+    )

@@ -99,3 +99,11 @@ def record_supernode(name: str, status: dict[str, object]) -> None:
     nodes = dict(status.get("nodes") or {})  # type: ignore[call-overload]
     for state in ("total", "ready"):
         SUPERNODE_NODES.labels(name, state).set(float(nodes.get(state, 0)))
+
+
+CHECKPOINTS_DELETED = Counter(
+    "matrixpool_checkpoints_deleted_total",
+    "Jobs whose checkpoints were deleted from a daemon, by why: the job was deleted, or an "
+    "orphan (no TrainingJob has that UID) found by the periodic sweep.",
+    ["why"],
+)

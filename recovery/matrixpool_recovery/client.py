@@ -188,8 +188,8 @@ class Checkpointer:
 
     def start_incarnation(self, incarnation: int) -> None:
         """This rank now runs as a new incarnation (a recovery or resume said so): its next
-        saves carry it, and restore() records the step it started from."""
-        self._drain()
+        saves carry it, and restore() records the step it started from. Saves already in
+        flight keep the incarnation they were made with."""
         self.incarnation = names.number(incarnation, "incarnation", names.MAX_STEP)
         self.base = -1
         self._committed = None

@@ -240,17 +240,20 @@ class Point:
 def timeline(found: Iterable[Holding]) -> list[Holding]:
     """The holdings on the newest timeline: a shard of incarnation I at step S is dropped when
     a newer incarnation restored from below S (or wrote a step <= S): S of I lies on the
-    branch that run abandoned."""
+    branch that run abandoned. A run's base is the newest any of its ranks names (a rank that
+    joined it later, starting from nothing, does not move the run's branch point)."""
     listed = list(found)
-    lowest: dict[int, int] = {}  # incarnation -> first step not inherited from older runs
+    first: dict[int, int] = {}  # incarnation -> first step not inherited from older runs
     for h in listed:
-        first = min(h.step, h.base + 1)
-        lowest[h.incarnation] = min(first, lowest.get(h.incarnation, first))
-    newer_floor: dict[int, float] = {}  # incarnation -> lowest step of any newer incarnation
+        first[h.incarnation] = min(h.step, first.get(h.incarnation, h.step))
+    for incarnation in first:
+        base = max(h.base for h in listed if h.incarnation == incarnation)
+        first[incarnation] = min(first[incarnation], base + 1)
+    newer_floor: dict[int, float] = {}  # incarnation -> lowest first step of any newer one
     floor = float("inf")
-    for incarnation in sorted(lowest, reverse=True):
+    for incarnation in sorted(first, reverse=True):
         newer_floor[incarnation] = floor
-        floor = min(floor, lowest[incarnation])
+        floor = min(floor, first[incarnation])
     return [h for h in listed if h.step < newer_floor[h.incarnation]]
 
 

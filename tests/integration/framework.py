@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from matrixpool.devcluster import binaries, cluster, topology
 from matrixpool.k8s import client as k8s_client
+from matrixpool_recovery import credentials
 
 REPO = binaries.repo_root()
 T = TypeVar("T")
@@ -177,6 +178,10 @@ class Sim:
     @property
     def token_file(self) -> Path:
         return self.folder / "token"
+
+    def operator_token(self) -> str:
+        """The operator's credential for the sim's daemons (derived from their secret)."""
+        return credentials.operator_token(credentials.read_secret(self.token_file))
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:

@@ -80,6 +80,13 @@ class LocalTier(common.ApiModel):
     """Checkpoint every this many steps."""
 
 
+class ReclaimPolicy(StrEnum):
+    """What happens to tier 3 when a job is deleted (as a PersistentVolume's policy)."""
+
+    RETAIN = "Retain"
+    DELETE = "Delete"
+
+
 class PersistentTier(common.ApiModel):
     """Tier 3: persistent storage addressed by URI."""
 
@@ -87,6 +94,9 @@ class PersistentTier(common.ApiModel):
     """Checkpoint every this many steps."""
     uri: str = Field(max_length=2048, pattern=URI)
     """Where checkpoints go, scheme://..., e.g. file:///mnt/ckpt/llm."""
+    reclaim_policy: ReclaimPolicy = ReclaimPolicy.RETAIN
+    """What happens to the job's files under the URI when the job is deleted: Retain (kept
+    for a later job or a person) or Delete. Tiers 1 and 2 are always deleted."""
 
 
 class Checkpoint(common.ApiModel):

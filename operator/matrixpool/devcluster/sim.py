@@ -313,7 +313,7 @@ class Sim:
         others = sorted({p.spec.node_name for p in gang if p.spec.node_name} - {pod.spec.node_name})
         restore = (pod.metadata.annotations or {}).get(labels.RESTORE, "")
         env = {
-            "MATRIXPOOL_JOB": checkpoints.job_id(namespace, job),
+            "MATRIXPOOL_JOB": body["metadata"]["uid"],
             "MATRIXPOOL_RANK": pod.metadata.labels[labels.RANK],
             "MATRIXPOOL_WORLD_SIZE": str(_world_size(gang)),
             "MATRIXPOOL_CKPT_DAEMON": self.endpoint(pod.spec.node_name),
@@ -321,6 +321,7 @@ class Sim:
             "MATRIXPOOL_CKPT_PEERS": ",".join(self.endpoint(n) for n in others),
             "MATRIXPOOL_CHECKPOINT": json.dumps(checkpoint),
             "MATRIXPOOL_RESTORE": restore,
+            "MATRIXPOOL_INCARNATION": str(_incarnation(gang)),
             "MATRIXPOOL_ANNOTATIONS_FILE": str(self.annotations_file(pod.metadata.uid)),
             "MATRIXPOOL_SIM_BARRIER": str(
                 self.folder / "barriers" / f"{namespace}.{job}.w{_world_size(gang)}"
@@ -339,6 +340,20 @@ def _world_size(gang: list[Any]) -> int:
     """Ranks of the job, as its live pods tell (status.replicas would lag a shrink)."""
     ranks = {p.metadata.labels.get(labels.RANK) for p in gang}
     return max(len(ranks), 1)
+
+
+def _incarnation(gang: list[Any]) -> int:
+    """The run the job is in: the newest incarnation its pods' restore annotations name (a
+    rank added by elastic growth joins it; 0 before any recovery or resume)."""
+    newest = 0
+    for pod in gang:
+        try:
+            asked = checkpoints.parse_restore((pod.metadata.annotations or {}).get(labels.RESTORE))
+        except ValueError:
+            continue
+        if asked is not None and asked.incarnation is not None:
+            newest = max(newest, asked.incarnation)
+    return newest
 
 
 def _daemon_down(node: Any) -> bool:

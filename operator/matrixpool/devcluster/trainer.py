@@ -188,6 +188,8 @@ class Trainer:
         if asked is None:
             report(rank=self.rank, step=0, restored=None)
             return 0
+        if asked.incarnation is not None:  # from here on this rank saves as the new run
+            self.checkpointer.start_incarnation(asked.incarnation)
         # A reader of its own: the saves in flight (a peer copy to a dead node, say) must not
         # hold the reload up. First only the daemons the operator named (it chose the copies:
         # one inventory per rank, not one per rank and peer), then every peer of the gang.
@@ -198,7 +200,7 @@ class Trainer:
         for index, listed in enumerate(attempts):
             reader = client.Checkpointer.from_env({**self.env, "MATRIXPOOL_CKPT_PEERS": listed})
             try:
-                restored = reader.restore(asked.step)
+                restored = reader.restore(asked.step, incarnation=asked.of)
                 break
             except errors.NoCheckpointError as error:
                 if index == len(attempts) - 1:
@@ -206,6 +208,7 @@ class Trainer:
                     return 0
             finally:
                 reader.close()
+        self.checkpointer.base = restored.step
         expected = state_of(self.job, self.rank, restored.step, self.size)
         report(
             rank=self.rank,

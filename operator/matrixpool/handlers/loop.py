@@ -18,7 +18,7 @@ import kopf
 import structlog
 
 from matrixpool import clock
-from matrixpool.handlers import recovery, scheduler, supernode, workloads
+from matrixpool.handlers import cleanup, recovery, scheduler, supernode, timeshare, workloads
 from matrixpool.k8s import anchor
 from matrixpool.k8s.convert import PodFacts
 from matrixpool.placement import inventory
@@ -64,6 +64,8 @@ async def main_loop(
 ) -> None:
     log.info("main loop started", namespace=namespace())
     reported: dict[str, dict[str, Any]] = {}
+    identities: dict[str, str] = {}  # workload key -> the UID it had last loop
+    sweeper = cleanup.Sweeper()
 
     def world() -> scheduler.World:
         return scheduler.World(
@@ -78,13 +80,31 @@ async def main_loop(
 
     while not stopped:
         try:
-            await recovery.run(world())
+            now = world()
+            identities = forget_replaced(identities, now.workloads)
+            cleanup.sweep(sweeper, now.nodes, now.workloads)
+            await recovery.run(now)
             await scheduler.run_cycle(world)
             await supernode.report(world(), reported)
         except Exception:  # one bad cycle must not stop scheduling; the next one retries
             log.exception("cycle failed; retrying")
             await stopped.wait(ERROR_BACKOFF_SECONDS)
         await stopped.wait(CYCLE_SECONDS)
+
+
+def forget_replaced(
+    identities: dict[str, str], current: list[workloads.Workload]
+) -> dict[str, str]:
+    """Drop what the controllers remember of workloads that went, or whose name now belongs
+    to an object with another UID (deleted and created again: a new job starts clean)."""
+    now = {w.key: w.uid for w in current}
+    for key, uid in identities.items():
+        if now.get(key) != uid:
+            log.info("forgetting a workload that went or was replaced", key=key, uid=uid)
+            scheduler.forget(key)
+            recovery.forget(key)
+            timeshare.forget(key)
+    return now
 
 
 def _all(index: kopf.Index[str, Any]) -> list[Any]:

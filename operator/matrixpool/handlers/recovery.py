@@ -308,7 +308,7 @@ async def start(
         if n.endpoint and supernode_of.get(n.name) in involved and n.name not in gone
     }
     persistent = spec.checkpoint.persistent.uri if spec.checkpoint.persistent else None
-    job = checkpoints.job_id(workload.namespace, workload.name)
+    job = workload.uid
     snapshot = engine.Snapshot.build(topologies, scheduler.holdings(world))
     for attempt in range(1, DECIDE_ATTEMPTS + 1):
         found = await checkpoints.inventory(job, endpoints, persistent)
@@ -328,7 +328,7 @@ async def start(
         )
         known = (newest_saved(workload), found.newest_complete(view.world_size))
         saved = max((s for s in known if s is not None), default=None)
-        copies = list(copies_of(found.holdings, view))
+        copies = list(copies_of(found.timeline(), view))
         outcome = policy.decide(faults, view, copies, spares, newest_saved_step=saved)
         if isinstance(outcome, policy.Failed):
             if outcome.code != "MaxRecoveriesReached" and all(
@@ -428,6 +428,8 @@ def plan_record(
     """status.recovering for ``plan``: everything needed to finish it after a crash."""
     count = len(workload.status.get("recoveries") or []) + 1
     recovery_id = f"r{count}-{uuid.uuid4().hex[:6]}"
+    incarnation = checkpoints.new_incarnation(found, clock.SYSTEM.now())
+    written_by = found.incarnation_of(plan.restored_step)
     if plan.level == policy.Level.RESCHEDULE:
         targets: dict[str, str] = {}
     else:
@@ -442,7 +444,11 @@ def plan_record(
         held_by = source.node if source.node and source.node != home else None
         endpoint = found.endpoints.get(held_by or "", "")
         restore[str(rank)] = checkpoints.restore_value(
-            plan.restored_step, [endpoint] if endpoint else [], recovery_id
+            plan.restored_step,
+            [endpoint] if endpoint else [],
+            recovery_id,
+            incarnation=incarnation,
+            of=written_by,
         )
     record = trainingjob.RecoveryInProgress(
         id=recovery_id,
@@ -515,9 +521,7 @@ async def carry_out(
 async def finish(workload: Workload, recovery: Mapping[str, Any]) -> None:
     recovered = clock.SYSTEM.now()
     detected = datetime.datetime.fromisoformat(str(recovery["detectedAt"]).replace("Z", "+00:00"))
-    await checkpoints.pin(
-        checkpoints.job_id(workload.namespace, workload.name), recovery.get("pinned") or [], None
-    )
+    await checkpoints.pin(workload.uid, recovery.get("pinned") or [], None)
     record = {
         k: v for k, v in recovery.items() if k not in ("targets", "cards", "restore", "pinned")
     } | {"recoveredAt": recovered.isoformat().replace("+00:00", "Z")}
@@ -594,9 +598,7 @@ async def poll_checkpoints(
         return
     spec = workload.model.spec
     persistent = spec.checkpoint.persistent.uri if spec.checkpoint.persistent else None
-    found = await checkpoints.inventory(
-        checkpoints.job_id(workload.namespace, workload.name), endpoints, persistent
-    )
+    found = await checkpoints.inventory(workload.uid, endpoints, persistent)
     committed = found.committed(world_size(workload))
     known = STATE.checkpoints.get(workload.key) or workload.status.get("checkpoints") or {}
     merged = {t: _kept(committed.get(t), known.get(t)) for t in ("memory", "local", "persistent")}
@@ -616,6 +618,12 @@ def _kept(found: int | None, known: Any) -> int | None:
 
 
 # ---- helpers ---------------------------------------------------------------------------------
+
+
+def forget(key: str) -> None:
+    """Drop what is remembered of the job ``key`` (it went, or was replaced)."""
+    for remembered in (STATE.polled_at, STATE.checkpoints, STATE.first_seen, STATE.deferred):
+        remembered.pop(key, None)
 
 
 def _recovery_id(value: str) -> str:

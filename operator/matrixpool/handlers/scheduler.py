@@ -67,6 +67,18 @@ class Memory:
 MEMORY = Memory()
 
 
+def forget(key: str) -> None:
+    """Drop what the cycle remembers of the workload ``key`` (it went, or was replaced)."""
+    for remembered in (
+        MEMORY.statuses,
+        MEMORY.replicas,
+        MEMORY.recovering,
+        MEMORY.failed,
+        MEMORY.expert_maps,
+    ):
+        remembered.pop(key, None)
+
+
 async def run_cycle(world_reader: Any) -> None:
     """Run one cycle; ``world_reader()`` → World. Serialized by a lock, as a safety net."""
     async with MEMORY.lock:

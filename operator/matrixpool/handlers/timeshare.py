@@ -296,7 +296,7 @@ class Sharing:
         assert isinstance(job.model, trainingjob.TrainingJob)
         persistent = job.model.spec.checkpoint.persistent
         found = await checkpoints.inventory(
-            checkpoints.job_id(job.namespace, job.name),
+            job.uid,
             self.endpoints(None if whole else nodes),
             persistent.uri if whole and persistent else None,
         )
@@ -430,7 +430,13 @@ class Sharing:
                 else (record.step if record.step is not None else _tier_step(job))
             )
             sources = found.holders(step) if step is not None else []
-            value = checkpoints.restore_value(step, sources, f"resume-{record.request_id}")
+            value = checkpoints.restore_value(
+                step,
+                sources,
+                f"resume-{record.request_id}",
+                incarnation=checkpoints.new_incarnation(found, clock.SYSTEM.now()),
+                of=found.incarnation_of(step),
+            )
             cached = (record.request_id, value, step)
             MEMORY.restores[job.key] = cached
         _, value, step = cached
@@ -551,6 +557,18 @@ class Sharing:
         }
         _event(ref, "Normal", reason, message)
         log.info(reason, supernode=self.name, message=message)
+
+
+def forget(key: str) -> None:
+    """Drop what is remembered of the workload ``key`` (it went, or was replaced)."""
+    for remembered in (MEMORY.status, MEMORY.checked, MEMORY.restores):
+        remembered.pop(key, None)
+    MEMORY.annotated = {(pod, value) for pod, value in MEMORY.annotated if not _of(pod, key)}
+
+
+def _of(pod_key: str, workload_key: str) -> bool:
+    """Whether a pod ("ns/name") is one of the workload's ("ns/name-..." by construction)."""
+    return pod_key.startswith(workload_key + "-")
 
 
 def transition_status(name: str) -> dict[str, Any] | None:

@@ -1,0 +1,99 @@
+"""The checkpoints of deleted TrainingJobs go with them.
+
+Daemons know a job by its UID (``matrixpool.checkpoints``). Two paths delete what they hold:
+
+1. **On delete** (``on_delete``): when a TrainingJob is deleted, every daemon is asked to drop
+   the job's tiers 1 and 2, and tier 3 too when ``spec.checkpoint.persistent.reclaimPolicy``
+   is ``Delete`` (default ``Retain``: the files stay under the URI). No finalizer: deleting a
+   job never waits for a daemon.
+2. **The sweep** (``sweep``, started by the main loop every :data:`SWEEP_SECONDS`, in a task of
+   its own so that a slow daemon never holds the scheduling cycle): a job UID that daemons
+   hold and no TrainingJob has, in two sweeps in a row, is dropped. It catches what the first
+   path missed (the operator down at the time, a daemon unreachable then).
+
+Called by kopf (``on_delete``) and by :mod:`matrixpool.handlers.loop` (``sweep``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+import structlog
+
+from matrixpool import api, checkpoints, clock, metrics
+from matrixpool.api import trainingjob
+from matrixpool.handlers.workloads import Workload
+from matrixpool.placement import inventory
+
+SWEEP_SECONDS = 30.0  # between two sweeps of the daemons' inventories
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class Sweeper:
+    """The sweep's memory: orphans seen once, the running task, when it last ran."""
+
+    orphans: set[str] = field(default_factory=set)  # job UIDs no TrainingJob had last time
+    task: asyncio.Task[None] | None = None
+    last: float = float("-inf")  # monotonic time of the last start
+
+    def due(self, now: float) -> bool:
+        return (self.task is None or self.task.done()) and now - self.last >= SWEEP_SECONDS
+
+
+def orphans(held: set[str], live: set[str], seen_before: set[str]) -> tuple[set[str], set[str]]:
+    """(to delete now, to remember): a job is deleted the second sweep in a row it is held
+    and no TrainingJob has its UID (a job created between the listing and the inventory is
+    never deleted on one look)."""
+    unknown = held - live
+    return unknown & seen_before, unknown - seen_before
+
+
+async def sweep_once(sweeper: Sweeper, endpoints: list[str], live: set[str]) -> None:
+    held = await checkpoints.jobs_held(endpoints)
+    delete, remember = orphans(set(held), live, sweeper.orphans)
+    sweeper.orphans = remember
+    for job in sorted(delete):
+        done = await checkpoints.delete(job, held[job])
+        metrics.CHECKPOINTS_DELETED.labels("orphan").inc(len(done))
+        log.info("deleted checkpoints of a job that no longer exists", job=job, daemons=done)
+
+
+def sweep(sweeper: Sweeper, nodes: list[inventory.NodeInfo], workloads: list[Workload]) -> None:
+    """Start a sweep when one is due (never two at once)."""
+    now = clock.SYSTEM.monotonic()
+    if not sweeper.due(now):
+        return
+    sweeper.last = now
+    endpoints = sorted({n.endpoint for n in nodes if n.endpoint})
+    live = {w.uid for w in workloads if w.kind == trainingjob.KIND}
+    sweeper.task = asyncio.create_task(sweep_once(sweeper, endpoints, live), name="ckpt-sweep")
+
+
+@kopf.on.delete(api.GROUP, api.VERSION, trainingjob.PLURAL, optional=True)  # type: ignore[arg-type]
+async def on_delete(
+    uid: str,
+    name: str,
+    namespace: str | None,
+    spec: kopf.Spec,
+    node_facts: kopf.Index[str, inventory.NodeInfo],
+    **_: Any,
+) -> None:
+    endpoints = sorted({n.endpoint for store in node_facts.values() for n in store if n.endpoint})
+    done = await checkpoints.delete(uid, endpoints)
+    metrics.CHECKPOINTS_DELETED.labels("deleted").inc(len(done))
+    persistent = (spec.get("checkpoint") or {}).get("persistent") or {}
+    reclaimed = False
+    if persistent.get("reclaimPolicy") == trainingjob.ReclaimPolicy.DELETE.value:
+        reclaimed = await asyncio.to_thread(checkpoints.delete_persistent, uid, persistent["uri"])
+    log.info(
+        "deleted the checkpoints of a deleted job",
+        job=f"{namespace}/{name}",
+        uid=uid,
+        daemons=len(done),
+        asked=len(endpoints),
+        persistent="deleted" if reclaimed else "kept",
+    )

@@ -1,0 +1,85 @@
+"""Identity by UID (issue 11, defect 2) on the real control plane with ``matrixpool sim``: a
+TrainingJob that Failed, deleted and created again under the same name is a new job — it runs,
+starts from nothing (none of its predecessor's checkpoints), and the predecessor's checkpoints
+are deleted from every daemon."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from matrixpool_recovery import manifest, wire
+from tests.chaos.conftest import CardSampler
+from tests.chaos.test_recovery import JOB, pods, start_job, status, wait_training
+from tests.integration import framework
+
+
+def uid(cluster: framework.TestCluster, namespace: str) -> str:
+    body = cluster.api.custom.get_namespaced_custom_object(
+        "matrixpool.dev", "v1alpha1", namespace, "trainingjobs", JOB
+    )
+    return str(body["metadata"]["uid"])
+
+
+def jobs_held(cluster: framework.TestCluster, sim: framework.Sim) -> set[str]:
+    """Job UIDs any daemon of the sim holds a checkpoint of (asked with the operator's
+    credential, as the operator asks)."""
+    token = sim.operator_token()
+    held: set[str] = set()
+    for node in cluster.api.core.list_node(label_selector="matrixpool.dev/supernode").items:
+        address = (node.metadata.annotations or {}).get("matrixpool.dev/ckpt-endpoint")
+        if not address:
+            continue
+        try:
+            answer = wire.request(wire.Endpoint(address, token, timeout=3), "GET", "/v1/inventory")
+        except Exception:  # a daemon restarting: the others still tell
+            continue
+        held |= {manifest.Holding.from_json(s).job for s in answer["shards"]}
+    return held
+
+
+def test_a_failed_job_created_again_under_its_name_runs_from_nothing(
+    cluster: framework.TestCluster,
+    operator: framework.Operator,
+    sim: framework.Sim,
+    namespace: str,
+    two_supernodes: list[str],
+    cards: CardSampler,
+    tmp_path: Path,
+) -> None:
+    start_job(cluster, namespace, tmp_path, replicas=2, max_recoveries=0)
+    wait_training(cluster, namespace, past=4)
+    first = uid(cluster, namespace)
+    assert first in jobs_held(cluster, sim)
+    pod = pods(cluster, namespace)[0]
+    pid = sim.folder / "trainers" / f"{pod.spec.node_name}.{namespace}.{JOB}-0.pid"
+    os.kill(int(pid.read_text()), signal.SIGKILL)
+
+    def failed() -> dict[str, Any] | None:
+        current = status(cluster, namespace)
+        return current if current.get("phase") == "Failed" else None
+
+    framework.eventually(failed, timeout=60, what="the first job Failed")
+    cluster.kubectl("delete", "trainingjob", JOB, "-n", namespace, "--wait=true")
+    framework.eventually(
+        lambda: first not in jobs_held(cluster, sim),
+        timeout=60,
+        what="the deleted job's checkpoints gone from every daemon",
+    )
+
+    recreated = time.time()
+    start_job(cluster, namespace, tmp_path, replicas=2, max_recoveries=0)
+    second = uid(cluster, namespace)
+    assert second != first
+    current = wait_training(cluster, namespace, past=2)
+    assert not [c for c in current.get("conditions") or [] if c["type"] == "Failed"]
+    for rank in (0, 1):
+        lines = sim.trainer_lines(namespace, f"{JOB}-{rank}")
+        starts = [line for line in lines if "restored" in line and line["t"] >= recreated]
+        assert starts, lines
+        assert starts[-1]["restored"] is None, f"rank {rank} restored {starts[-1]}"
+    assert first not in jobs_held(cluster, sim)
+    assert second in jobs_held(cluster, sim)

@@ -1,0 +1,77 @@
+"""Identity by UID and incarnations on the operator side (issue 11, defects 1 and 2): the
+restore annotation's incarnation fields, new incarnation numbers, the orphan sweep's rule,
+and forgetting a workload whose name now belongs to another object."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+
+from matrixpool import checkpoints
+from matrixpool.handlers import cleanup, loop, recovery, scheduler
+from matrixpool.handlers.workloads import Workload
+from matrixpool_recovery import manifest
+
+NOW = datetime.datetime(2026, 11, 30, 12, 0, tzinfo=datetime.UTC)
+
+
+def held(step: int, incarnation: int, rank: int = 0) -> manifest.Holding:
+    return manifest.Holding("uid-1", rank, step, "memory", 8, "crc32:0", "n1", "n1", incarnation)
+
+
+def test_the_restore_annotation_names_the_new_run_and_the_run_that_wrote_the_step() -> None:
+    value = checkpoints.restore_value(40, ["b:1"], "r2", incarnation=9, of=7)
+    parsed = checkpoints.parse_restore(value)
+    assert parsed == checkpoints.Restore(40, ("b:1",), "r2", incarnation=9, of=7)
+
+
+def test_a_restore_annotation_without_incarnations_still_reads() -> None:
+    assert checkpoints.parse_restore('{"step":3,"from":[]}') == checkpoints.Restore(3)
+
+
+@pytest.mark.parametrize(
+    "bad", ['{"incarnation":-1}', '{"of":"7","step":1}', '{"incarnation":1.5}']
+)
+def test_a_bad_incarnation_is_refused(bad: str) -> None:
+    with pytest.raises(ValueError, match="whole number"):
+        checkpoints.parse_restore(bad)
+
+
+def test_a_new_incarnation_is_above_every_one_the_shards_carry() -> None:
+    past = checkpoints.Inventory((held(1, 10**15),))
+    assert checkpoints.new_incarnation(past, NOW) == 10**15 + 1
+    assert checkpoints.new_incarnation(checkpoints.Inventory(), NOW) == int(NOW.timestamp() * 1000)
+
+
+def test_the_inventory_names_the_run_that_wrote_a_step_on_the_newest_timeline() -> None:
+    found = checkpoints.Inventory((held(5, 1), held(3, 2), held(3, 1, rank=1)))
+    assert found.incarnation_of(3) == 2
+    assert found.incarnation_of(5) is None  # past run 2's start: abandoned
+    assert found.incarnation_of(9) is None
+
+
+def test_an_unknown_job_is_deleted_only_the_second_time_it_is_seen() -> None:
+    delete, remember = cleanup.orphans({"a", "b", "c"}, {"a"}, set())
+    assert (delete, remember) == (set(), {"b", "c"})
+    delete, remember = cleanup.orphans({"a", "b", "d"}, {"a"}, remember)
+    assert (delete, remember) == ({"b"}, {"d"})
+
+
+def workload(uid: str) -> Workload:
+    return Workload("TrainingJob", "ns", "llm", uid, "", 1, None, None, {})
+
+
+def test_a_job_created_again_under_its_name_starts_clean() -> None:
+    first = workload("uid-1")
+    scheduler.MEMORY.failed[first.key] = ("MaxRecoveriesReached", "too many")
+    scheduler.MEMORY.replicas[first.key] = 3
+    recovery.STATE.deferred[first.key] = 1.0
+    identities = loop.forget_replaced({}, [first])
+    assert scheduler.MEMORY.failed[first.key][0] == "MaxRecoveriesReached"  # same object: kept
+    identities = loop.forget_replaced(identities, [first])
+    assert first.key in scheduler.MEMORY.failed
+    loop.forget_replaced(identities, [workload("uid-2")])
+    assert first.key not in scheduler.MEMORY.failed
+    assert first.key not in scheduler.MEMORY.replicas
+    assert first.key not in recovery.STATE.deferred
