@@ -16,7 +16,7 @@ Errors (``errors``)::
     CheckpointError
     ├── InvalidNameError          job, rank or step that is malformed or escapes a directory
     ├── DaemonError               the daemon answered with an error status
-    │   ├── AuthError             401 no token, 403 wrong token
+    │   ├── AuthError             401 no token, 403 wrong token or out of its scope
     │   ├── MemoryFullError       507 tier-1 memory full of steps that may not be evicted
     │   └── NotFoundError         404 no such shard or buffer
     ├── DaemonUnreachableError    refused, reset or timed out: a lost node

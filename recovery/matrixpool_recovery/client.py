@@ -27,8 +27,9 @@ verifying the checksum and falling to the next source on a corrupt, partial or m
 
 ``Checkpointer.from_env`` reads what the operator puts in the pod: MATRIXPOOL_JOB,
 MATRIXPOOL_RANK, MATRIXPOOL_WORLD_SIZE, MATRIXPOOL_CKPT_DAEMON (host:port),
-MATRIXPOOL_CKPT_TOKEN or MATRIXPOOL_CKPT_TOKEN_FILE, MATRIXPOOL_CKPT_PEERS (comma-separated)
-and MATRIXPOOL_CHECKPOINT (the job's spec.checkpoint as JSON).
+MATRIXPOOL_CKPT_TOKEN or MATRIXPOOL_CKPT_TOKEN_FILE (the job's token: it opens this job's
+checkpoints on every daemon, nothing else), MATRIXPOOL_CKPT_PEERS (comma-separated) and
+MATRIXPOOL_CHECKPOINT (the job's spec.checkpoint as JSON).
 """
 
 from __future__ import annotations
@@ -270,7 +271,7 @@ class Checkpointer:
             handle.done.set()
 
     def _options(self, handle: SaveHandle) -> dict[str, Any]:
-        committed = self._committed
+        committed = self._committed_before(handle.step)
         return {
             "worldSize": self.world_size,
             "tiers": ",".join(handle.tiers),
@@ -281,6 +282,12 @@ class Checkpointer:
             "committed": None if committed is None else committed.step,
             "committedIncarnation": None if committed is None else committed.incarnation,
         }
+
+    def _committed_before(self, step: int) -> manifest.Point | None:
+        """The committed step to report with a save of `step`: daemons refuse a newer one
+        (after a restore of an older step, newer steps of the old run are still held)."""
+        committed = self._committed
+        return committed if committed is not None and committed.step <= step else None
 
     def _hand_over(self, item: _Save) -> list[str]:
         """Phase 2: stage into the daemon's memory (or upload) and commit; the daemon's tiers."""
@@ -374,7 +381,7 @@ class Checkpointer:
         writing and reading the nonce back proves both.
         """
         if self._colocated is None:
-            probe = wire.request(self.daemon, "GET", "/v1/info")["probe"]
+            probe = wire.request(self.daemon, "GET", f"/v1/info?job={self.job}")["probe"]
             try:
                 with open(probe["path"], "r+b") as file:
                     self._colocated = file.read() == probe["nonce"].encode()
@@ -486,7 +493,7 @@ class Checkpointer:
     def _peer_endpoints(self) -> list[wire.Endpoint]:
         if self._peers is None:
             try:
-                info = wire.request(self.daemon, "GET", "/v1/info")
+                info = wire.request(self.daemon, "GET", f"/v1/info?job={self.job}")
                 self._peers = [wire.Endpoint(p, self.daemon.token) for p in info["peers"]]
             except errors.DaemonUnreachableError:
                 return []

@@ -1,23 +1,30 @@
 """The node checkpoint daemon (console script ``matrixpool-ckpt-daemon``), one per node.
 
 Holds tier-1 shards in memory so they outlive trainer processes and pods, writes tier 2 to the
-node's disk and tier 3 to the job's URI, pushes tier-1 copies to the peer daemons it is told
+node's disk and tier 3 under the job's URI, pushes tier-1 copies to the peer daemons it is told
 about (the operator picks peers on nodes in another rack), serves shards to restoring
 trainers and to peers, and reports its inventory. Started by the chart's DaemonSet, by the
 multi-process tests and by the benchmarks.
 
+Trust (``credentials``): the daemon reads the cluster secret from ``--secret-file`` and accepts
+two kinds of bearer token derived from it. A job's token opens that job's routes only (scope
+``J`` below); the operator's token opens every route (scope ``operator``). A tier-3 URI must be
+``file://`` and resolve inside ``--persistent-root``, which may not overlap the daemon's own
+folders; a committed step must be an integer in 0..names.MAX_STEP, no newer than the step saved.
+
 HTTP API (JSON unless noted; every call but healthz and metrics needs
-``Authorization: Bearer TOKEN``)::
+``Authorization: Bearer TOKEN`` of the scope given; 401 without one, 403 out of scope)::
 
     GET    /v1/healthz                                  liveness, no token
     GET    /metrics                                     Prometheus text (``metrics``), no token
-    GET    /v1/info                                     node, memory directory, peers, usage
-    GET    /v1/inventory[?job=J]                        shards held: job rank step tier size
+    GET    /v1/info[?job=J]            J or operator    node, memory directory, peers, usage
+    GET    /v1/inventory?job=J         J or operator    shards held: job rank step tier size
                                                         checksum (tiers 1 and 2)
-    POST   /v1/peers             {"peers": [host:port]} replace the peer list
-    DELETE /v1/jobs/J                                   forget a finished job
-    PUT    /v1/jobs/J/pin        {"step": S | null}     keep step S (a recovery restores it)
-    and under /v1/jobs/J/ranks/R/steps/S/:
+    GET    /v1/inventory               operator         the same for every job
+    POST   /v1/peers                   operator         {"peers": [host:port]}: the peer list
+    DELETE /v1/jobs/J                  operator         forget a finished job
+    PUT    /v1/jobs/J/pin              operator         {"step": S | null}: keep step S
+    and under /v1/jobs/J/ranks/R/steps/S/ (scope J or operator):
     POST   reserve   {"size"}                           a memory buffer to write a shard into
     POST   commit    {"buffer", "checksum", ...}        take a written buffer, start the tiers
     PUT    shard     body: shard bytes                  the same for a peer or a remote trainer
@@ -30,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hmac
 import json
 import logging
 import mmap
@@ -51,7 +57,17 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from matrixpool_recovery import checksum, errors, files, manifest, memory, metrics, names, wire
+from matrixpool_recovery import (
+    checksum,
+    credentials,
+    errors,
+    files,
+    manifest,
+    memory,
+    metrics,
+    names,
+    wire,
+)
 from matrixpool_recovery.spec import LOCAL, MEMORY, PEERS, PERSISTENT, TIERS
 
 log = logging.getLogger("matrixpool_recovery.daemon")
@@ -89,14 +105,13 @@ class SaveOptions:
         tiers = tuple(t for t in str(get("tiers") or MEMORY).split(",") if t)
         if not tiers or not set(tiers) <= set(TIERS):
             raise ValueError(f"tiers {tiers} not among {TIERS}")
-        committed = get("committed")
         base = get("base")
         return cls(
             world_size=names.number(str(get("worldSize")), "world size", names.MAX_RANK),
             tiers=tiers,
             peer_replicas=int(get("peerReplicas") or 0),
             persistent_uri=get("persistentUri") or None,
-            committed=None if committed in (None, "") else int(committed),
+            committed=committed_step(get("committed")),
             origin=str(get("origin") or origin),
             replica=str(get("replica") or "") in ("1", "true", "True"),
             incarnation=_incarnation(get("incarnation")),
@@ -114,6 +129,17 @@ class SaveOptions:
 def _incarnation(value: Any) -> int:
     """An incarnation number from a header or a JSON body: a non-negative integer."""
     return 0 if value in (None, "") else names.number(str(value), "incarnation", names.MAX_STEP)
+
+
+def committed_step(value: Any, saved: int | None = None) -> int | None:
+    """A committed step a trainer reports: None, or an integer in 0..MAX_STEP no newer than
+    the step `saved` in the same request (a step above it would unprotect the real one)."""
+    if value is None or value == "":
+        return None
+    step = names.number(value, "committed step", names.MAX_STEP)
+    if saved is not None and step > saved:
+        raise errors.InvalidNameError(f"invalid committed step {step}: above the step {saved}")
+    return step
 
 
 @dataclass
@@ -142,15 +168,18 @@ class Daemon:
     def __init__(
         self,
         node: str,
-        token: str,
+        secret: str,
         mem: memory.MemoryTier,
         disk: files.DiskTier,
         peers: Sequence[str],
         keep: int,
         workers: int = 4,
+        persistent_root: Path | None = None,
     ) -> None:
         self.node = node  # this node's name
-        self.token = token  # the shared token requests must carry
+        self.secret = secret  # the cluster secret every token is derived from
+        self.operator = credentials.operator_token(secret)  # opens every route
+        self.persistent_root = persistent_root  # tier-3 URIs resolve inside it; None: no tier 3
         self.memory = mem  # tier 1
         self.disk = disk  # tier 2
         self.peers = list(peers)  # daemons to push tier-1 copies to, in order of preference
@@ -163,12 +192,43 @@ class Daemon:
         (mem.root / "probe").chmod(memory.SHARED_MODE)
         metrics.watch_memory(mem.used, mem.limit)
 
-    def authorized(self, header: str | None) -> None:
+    def authorized(self, header: str | None, job: str | None) -> None:
+        """Accept the operator's token, or the token of `job` (None: the operator's only)."""
+        needed = (
+            "the operator token" if job is None else f"the job token of {job} or the operator token"
+        )
         if not header:
-            raise errors.AuthError("needs Authorization: Bearer TOKEN", 401)
-        given = header.removeprefix("Bearer ").strip().encode()
-        if not hmac.compare_digest(given, self.token.encode()):
-            raise errors.AuthError("wrong token", 403)
+            raise errors.AuthError(f"needs Authorization: Bearer TOKEN ({needed})", 401)
+        given = header.removeprefix("Bearer ").strip()
+        if credentials.matches(given, self.operator):
+            return
+        if job is not None and credentials.matches(given, credentials.job_token(self.secret, job)):
+            return
+        raise errors.AuthError(f"the token does not open this route: it needs {needed}", 403)
+
+    def persistent(self, uri: str | None) -> files.Persistent:
+        """The tier-3 store of a save, refused (400) unless it resolves inside the root."""
+        if not uri:
+            raise errors.InvalidNameError("a persistent save needs a persistent URI")
+        if self.persistent_root is None:
+            raise errors.InvalidNameError(f"this daemon has no persistent root: {uri!r} refused")
+        try:
+            store = files.Persistent(uri, self.keep)
+        except errors.CheckpointError as err:  # not file://
+            raise errors.InvalidNameError(str(err)) from err
+        where, root = store.root.resolve(), self.persistent_root.resolve()
+        if not where.is_relative_to(root):
+            raise errors.InvalidNameError(
+                f"persistent URI {uri!r} resolves to {where}, outside the daemon's persistent "
+                f"root {root}"
+            )
+        return store
+
+    def admit(self, step: int, options: SaveOptions) -> None:
+        """Refuse (400) a save whose committed step or tier-3 URI the daemon must not take."""
+        committed_step(options.committed, step)
+        if PERSISTENT in options.tiers:
+            self.persistent(options.persistent_uri)
 
     def info(self) -> dict[str, Any]:
         return {
@@ -286,9 +346,7 @@ class Daemon:
     def _persist(
         self, job: str, step: int, record: manifest.ShardRecord, options: SaveOptions, path: Path
     ) -> dict[str, Any]:
-        if not options.persistent_uri:
-            raise errors.CheckpointError("no persistent URI given")
-        store = files.Persistent(options.persistent_uri, self.keep)
+        store = self.persistent(options.persistent_uri)
         started = time.perf_counter()
         try:
             committed = store.store(path, record, job, step, options.world_size)
@@ -315,6 +373,7 @@ class Daemon:
             meta[wire.HEADER + "Committed"] = str(options.committed)
             meta[wire.HEADER + "Committed-Incarnation"] = str(options.committed_incarnation)
         url = wire.shard_path(job, rank, step, "shard")
+        token = credentials.job_token(self.secret, job)  # the peer opens this job's routes only
         reached: list[str] = []
         failures: list[str] = []
         started = time.perf_counter()
@@ -322,9 +381,7 @@ class Daemon:
             if len(reached) == options.peer_replicas:
                 break
             try:
-                answer = wire.put_shard(
-                    wire.Endpoint(peer, self.token), url, meta, path, record.size
-                )
+                answer = wire.put_shard(wire.Endpoint(peer, token), url, meta, path, record.size)
                 reached.append(str(answer.get("node", peer)))
             except errors.CheckpointError as err:
                 failures.append(str(err))
@@ -411,6 +468,16 @@ def _describe(tier: str, err: Exception) -> str:
     return f"{tier}: {err or repr(err)}" if isinstance(err, OSError) else str(err) or repr(err)
 
 
+def _scope(method: str, segments: list[str], query: dict[str, str]) -> str | None:
+    """The job whose token may call this route; None: the operator's token only."""
+    match method, segments:
+        case "GET", ["v1", "info" | "inventory"]:
+            return query.get("job")
+        case _, ["v1", "jobs", job, "ranks", *_]:
+            return job
+    return None  # peers, pins, deletes, unknown routes
+
+
 class Handler(BaseHTTPRequestHandler):
     """Routes requests to the Daemon; errors become JSON answers with a status code."""
 
@@ -440,7 +507,8 @@ class Handler(BaseHTTPRequestHandler):
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         try:
             if segments not in (["v1", "healthz"], ["metrics"]):
-                self.server.daemon.authorized(self.headers.get("Authorization"))
+                job = _scope(method, segments, query)
+                self.server.daemon.authorized(self.headers.get("Authorization"), job)
             self._route(method, segments, query)
         except Exception as err:
             self._fail(err)
@@ -486,10 +554,9 @@ class Handler(BaseHTTPRequestHandler):
         match method, action:
             case "POST", "reserve":
                 body = self._body()
-                committed = body.get("committed")
                 daemon.memory.protect(
                     job,
-                    None if committed is None else names.step(committed),
+                    committed_step(body.get("committed"), step),
                     _incarnation(body.get("committedIncarnation")),
                 )
                 buffer = daemon.memory.reserve(job, rank, step, int(body["size"]))
@@ -499,6 +566,7 @@ class Handler(BaseHTTPRequestHandler):
             case "POST", "commit":
                 body = self._body()
                 options = SaveOptions.parse(body.get, daemon.node)
+                daemon.admit(step, options)
                 record = options.record(
                     rank, int(body["size"]), str(body["checksum"]), str(body["buffer"])
                 )
@@ -531,6 +599,7 @@ class Handler(BaseHTTPRequestHandler):
             return meta.get(re.sub(r"([A-Z])", r"-\1", key).lower())
 
         options = SaveOptions.parse(get, daemon.node)
+        daemon.admit(step, options)
         self.body_read = True  # from here on, receive reads it or the connection is broken
         started = time.perf_counter()
         record = daemon.receive(job, rank, step, size, str(get("checksum")), self.rfile.readinto)
@@ -649,6 +718,10 @@ _UNITS = {
 
 MEMORY_HELP = "memory for tier-1 buffers and the daemon itself (the container's memory limit)"
 HEADROOM_HELP = "part of --memory-bytes kept for the daemon itself, not for buffers"
+SECRET_ENV = "MATRIXPOOL_CKPT_SECRET_FILE"  # names the secret file when --secret-file is not given
+SECRET_HELP = f"file holding the cluster secret the tokens derive from (default: ${SECRET_ENV})"
+PERSISTENT_ROOT = Path("/var/lib/matrixpool/persistent")  # default --persistent-root
+PERSISTENT_HELP = "folder every tier-3 (file://) URI must resolve inside; apart from the others"
 
 
 def parse_bytes(text: str) -> int:
@@ -670,20 +743,37 @@ def arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--memory-dir", type=Path, default=Path("/dev/shm/matrixpool"), help="tier 1 (a tmpfs)")
     add("--memory-bytes", type=parse_bytes, default=parse_bytes("8Gi"), help=MEMORY_HELP)
     add("--memory-headroom", type=parse_bytes, default=parse_bytes("256Mi"), help=HEADROOM_HELP)
-    add("--token", default=os.environ.get("MATRIXPOOL_CKPT_TOKEN"), help="shared token")
-    add("--token-file", type=Path, help="file holding the shared token")
+    add("--secret-file", type=Path, default=os.environ.get(SECRET_ENV), help=SECRET_HELP)
+    add("--persistent-root", type=Path, default=PERSISTENT_ROOT, help=PERSISTENT_HELP)
     add("--keep", type=int, default=2, help="steps kept per job on each tier")
     add("--peer", action="append", default=[], help="HOST:PORT of a peer daemon (repeatable)")
     add("--ready-file", type=Path, help="write HOST:PORT here once serving")
     add("--log-level", default="INFO")
     args = parser.parse_args(argv)
-    if args.token_file:
-        args.token = args.token_file.read_text().strip()
-    if not args.token:
-        parser.error("a token is needed: --token, --token-file or MATRIXPOOL_CKPT_TOKEN")
+    if not args.secret_file:
+        parser.error(f"the cluster secret is needed: --secret-file or {SECRET_ENV}")
+    try:
+        args.secret = credentials.read_secret(Path(args.secret_file))
+    except (OSError, ValueError) as err:
+        parser.error(f"--secret-file: {err}")
+    if overlap := _overlap(args):
+        parser.error(overlap)
     if args.keep < 1 or args.memory_bytes <= args.memory_headroom:
         parser.error("--keep must be >= 1 and --memory-bytes above --memory-headroom")
     return args
+
+
+def _overlap(args: argparse.Namespace) -> str:
+    """Why --persistent-root may not be used ("" when it may): a tier-3 URI inside it must
+    never reach the daemon's own memory or data directory, nor hold them."""
+    root = Path(args.persistent_root).resolve()
+    for flag, own in (("--memory-dir", args.memory_dir), ("--data-dir", args.data_dir)):
+        mine = Path(own).resolve()
+        if root.is_relative_to(mine) or mine.is_relative_to(root):
+            return (
+                f"--persistent-root {args.persistent_root} overlaps {flag} {own}: keep them apart"
+            )
+    return ""
 
 
 def build(args: argparse.Namespace) -> Server:
@@ -692,7 +782,15 @@ def build(args: argparse.Namespace) -> Server:
         args.memory_dir, args.node, args.memory_bytes - args.memory_headroom, args.keep
     )
     disk = files.DiskTier(args.data_dir, args.node, args.keep)
-    daemon = Daemon(args.node, args.token, mem, disk, args.peer, args.keep)
+    daemon = Daemon(
+        args.node,
+        args.secret,
+        mem,
+        disk,
+        args.peer,
+        args.keep,
+        persistent_root=args.persistent_root,
+    )
     host, _, port = args.listen.rpartition(":")
     return Server((host.strip("[]"), int(port)), daemon)
 

@@ -24,7 +24,7 @@ class DaemonError(CheckpointError):
 
 
 class AuthError(DaemonError):
-    """The daemon refused the shared token (401 missing, 403 wrong)."""
+    """The daemon refused the token (401 missing, 403 wrong or out of its scope)."""
 
 
 class MemoryFullError(DaemonError):

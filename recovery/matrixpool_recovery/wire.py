@@ -1,8 +1,8 @@
 """HTTP to a checkpoint daemon: JSON requests, shard uploads and shard downloads.
 
 Used by the trainer client (to its node's daemon and to peers) and by the daemon (to push
-tier-1 copies to peers). One connection per request, plain HTTP on the node network, the shared
-token in ``Authorization: Bearer``. Status codes become the errors of ``errors``; a refused or
+tier-1 copies to peers). One connection per request, plain HTTP on the node network, a bearer
+token in ``Authorization: Bearer`` (a job's or the operator's, see ``credentials``). Status codes become the errors of ``errors``; a refused or
 timed-out connection becomes ``DaemonUnreachableError`` (a lost node looks like that).
 """
 
@@ -34,7 +34,7 @@ class Endpoint:
     """A daemon's address and the token it wants."""
 
     address: str  # host:port, or http://host:port
-    token: str  # the shared token
+    token: str  # a job's token or the operator's (credentials)
     timeout: float = 60.0  # seconds for connecting and for each socket operation
 
     @property

@@ -1,8 +1,9 @@
 """Fixtures of the multi-process checkpoint tests: daemons and trainers on loopback.
 
 ``Cluster`` starts one ``matrixpool-ckpt-daemon`` process per simulated node (its own memory
-and data directories under the test's tmp_path) and one trainer process per rank
-(``tests/checkpoint/trainer.py``). No Kubernetes control plane is involved.
+and data directories under the test's tmp_path, the cluster secret in a 0600 file, tier 3 under
+``<tmp_path>/persistent``) and one trainer process per rank (``tests/checkpoint/trainer.py``),
+each with its job's token. No Kubernetes control plane is involved.
 """
 
 from __future__ import annotations
@@ -20,12 +21,18 @@ from typing import Any
 
 import pytest
 
-from matrixpool_recovery import Checkpointer, CheckpointSpec, wire
+from matrixpool_recovery import Checkpointer, CheckpointSpec, credentials, wire
 
 ROOT = Path(__file__).resolve().parents[2]
-TOKEN = "test-token"
+SECRET = "test-cluster-secret"  # what the chart's Secret holds; daemons and the operator only
+OPERATOR = credentials.operator_token(SECRET)  # peers, pins, deletes, every job
 START_DEADLINE = 30.0  # seconds a daemon may take to start serving
 RUN_DEADLINE = 90.0  # seconds a trainer process may take
+
+
+def job_token(job: str) -> str:
+    """The token a trainer of `job` is given: it opens that job's checkpoints only."""
+    return credentials.job_token(SECRET, job)
 
 
 @dataclass
@@ -47,11 +54,25 @@ class Cluster:
     root: Path
     nodes: dict[str, Node] = field(default_factory=dict)
 
+    @property
+    def secret_file(self) -> Path:
+        path = self.root / "secret"
+        if not path.exists():
+            path.touch(mode=0o600)
+            path.write_text(SECRET + "\n")
+        return path
+
+    @property
+    def persistent(self) -> Path:
+        """The daemons' --persistent-root: tier-3 URIs must resolve inside it."""
+        return self.root / "persistent"
+
     def start(self, name: str, peers: Sequence[str] = (), *extra: str) -> Node:
         ready = self.root / f"{name}.ready"
         log = self.root / f"{name}.log"
         args = [sys.executable, "-m", "matrixpool_recovery.daemon", "--listen", "127.0.0.1:0"]
-        args += ["--node", name, "--token", TOKEN, "--ready-file", str(ready)]
+        args += ["--node", name, "--secret-file", str(self.secret_file)]
+        args += ["--ready-file", str(ready), "--persistent-root", str(self.persistent)]
         args += ["--memory-dir", str(self.root / name / "memory")]
         args += ["--data-dir", str(self.root / name / "disk"), "--memory-bytes", "256Mi"]
         args += ["--memory-headroom", "16Mi"]
@@ -85,7 +106,7 @@ class Cluster:
                 self.set_peers(name, rotated)
 
     def set_peers(self, name: str, peers: Sequence[str]) -> None:
-        endpoint = wire.Endpoint(self.nodes[name].address, TOKEN)
+        endpoint = wire.Endpoint(self.nodes[name].address, OPERATOR)
         wire.request(endpoint, "POST", "/v1/peers", {"peers": [self.address(p) for p in peers]})
 
     def others(self, name: str) -> list[str]:
@@ -114,7 +135,7 @@ class Cluster:
 
     def client(self, node: str, job: str, rank: int, world: int, **kwargs: Any) -> Checkpointer:
         """A trainer client inside the test process."""
-        token = kwargs.pop("token", TOKEN)
+        token = kwargs.pop("token", job_token(job))
         kwargs.setdefault("peers", self.others(node))
         return Checkpointer(job, rank, world, self.address(node), token, **kwargs)
 
@@ -137,10 +158,11 @@ def trainers(
     for rank, node in placement.items():
         args = [sys.executable, "-m", "tests.checkpoint.trainer", action, "--job", job]
         args += ["--rank", str(rank), "--world", str(world), "--daemon", cluster.address(node)]
-        args += ["--token", TOKEN, "--spec", json.dumps(spec), *extra]
+        args += ["--spec", json.dumps(spec), *extra]
         args += ["--peers", ",".join(cluster.others(node))]
+        env = {**os.environ, "MATRIXPOOL_CKPT_TOKEN": job_token(job)}  # not on the command line
         processes[rank] = subprocess.Popen(
-            args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
     results: dict[int, list[dict[str, Any]]] = {}
     for rank, process in processes.items():

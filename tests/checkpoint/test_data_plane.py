@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from matrixpool_recovery import errors, manifest, names, wire
-from tests.checkpoint.conftest import TOKEN, Cluster, spec_json, to_spec, trainers
+from tests.checkpoint.conftest import OPERATOR, Cluster, job_token, spec_json, to_spec, trainers
 from tests.checkpoint.trainer import digest, state_for
 
 RACKS = {"r1": ["a", "b"], "r2": ["c", "d"]}
@@ -23,7 +23,7 @@ JOB = "ml.llm"
 
 
 def inventory(cluster: Cluster, node: str) -> list[manifest.Holding]:
-    answer = wire.request(wire.Endpoint(cluster.address(node), TOKEN), "GET", "/v1/inventory")
+    answer = wire.request(wire.Endpoint(cluster.address(node), OPERATOR), "GET", "/v1/inventory")
     return [manifest.Holding.from_json(s) for s in answer["shards"]]
 
 
@@ -150,7 +150,8 @@ def test_unwritable_persistent_uri_is_a_clear_error_and_tiers_1_and_2_carry_on(
     cluster: Cluster, tmp_path: Path
 ) -> None:
     cluster.ring({"r1": ["a"], "r2": ["c"]})
-    blocker = tmp_path / "not-a-directory"
+    cluster.persistent.mkdir(exist_ok=True)
+    blocker = cluster.persistent / "not-a-directory"
     blocker.write_text("a file where the checkpoint folder should be")
     uri = f"file://{blocker}/ckpt"
     spec = spec_json(memory=10, peers=1, local=10, persistent=10, uri=uri)
@@ -207,7 +208,7 @@ def test_a_job_name_that_escapes_the_data_directory_is_refused(
 
     with pytest.raises(errors.InvalidNameError):
         cluster.client("a", job, 0, 1)
-    token = {"Authorization": f"Bearer {TOKEN}"}
+    token = {"Authorization": f"Bearer {OPERATOR}"}
     for path in (f"/v1/jobs/{job}/ranks/0/steps/10/reserve", f"/v1/inventory?job={job}"):
         status, body = raw(cluster, "POST" if "reserve" in path else "GET", path, token)
         assert status in (400, 404), (path, status, body)
@@ -244,7 +245,9 @@ def test_an_upload_refused_before_its_body_is_read_reports_why(cluster: Cluster)
     with pytest.raises(errors.AuthError, match="refused the token"):
         wire.put_shard(wire.Endpoint(cluster.address("a"), "guess"), path, meta, body, len(body))
     with pytest.raises(errors.MemoryFullError, match="full"):
-        wire.put_shard(wire.Endpoint(cluster.address("a"), TOKEN), path, meta, body, 1 << 30)
+        wire.put_shard(
+            wire.Endpoint(cluster.address("a"), job_token(JOB)), path, meta, body, 1 << 30
+        )
 
 
 def test_a_step_pinned_for_a_recovery_outlives_newer_saves(cluster: Cluster) -> None:
@@ -255,7 +258,10 @@ def test_a_step_pinned_for_a_recovery_outlives_newer_saves(cluster: Cluster) -> 
     trainers(cluster, "save", JOB, PLACEMENT, spec, "--steps", "10")
     for node in "abcd":
         wire.request(
-            wire.Endpoint(cluster.address(node), TOKEN), "PUT", f"/v1/jobs/{JOB}/pin", {"step": 10}
+            wire.Endpoint(cluster.address(node), OPERATOR),
+            "PUT",
+            f"/v1/jobs/{JOB}/pin",
+            {"step": 10},
         )
     trainers(cluster, "save", JOB, PLACEMENT, spec, "--steps", "20,30,40,50")
     assert sorted(holders(cluster, 10, "memory")) == list(range(8))
@@ -263,7 +269,7 @@ def test_a_step_pinned_for_a_recovery_outlives_newer_saves(cluster: Cluster) -> 
     for node in "abcd":  # every rank reloaded: the recovery lets the step go (the memory
         # tier's unit tests show it evicted then)
         answer = wire.request(
-            wire.Endpoint(cluster.address(node), TOKEN),
+            wire.Endpoint(cluster.address(node), OPERATOR),
             "PUT",
             f"/v1/jobs/{JOB}/pin",
             {"step": None},

@@ -16,7 +16,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from matrixpool_recovery import CheckpointSpec, wire
-from tests.checkpoint.conftest import TOKEN, Cluster
+from tests.checkpoint.conftest import OPERATOR, Cluster
 
 JOB = "ml.metrics"
 STEP = 10
@@ -72,7 +72,7 @@ def until(cluster: Cluster, node: str, key: tuple[str, str, str], value: float) 
 
 
 def shard_size(cluster: Cluster, node: str) -> int:
-    answer = wire.request(wire.Endpoint(cluster.address(node), TOKEN), "GET", "/v1/inventory")
+    answer = wire.request(wire.Endpoint(cluster.address(node), OPERATOR), "GET", "/v1/inventory")
     sizes = {s["size"] for s in answer["shards"] if s["step"] == STEP}
     assert len(sizes) == 1, answer
     return int(sizes.pop())

@@ -1,8 +1,9 @@
 """A trainer process of the multi-process checkpoint tests: one rank saving or restoring.
 
-Run by tests/checkpoint/conftest.py as ``python -m tests.checkpoint.trainer save|restore ...``;
-prints one JSON object per line on stdout. The state of (rank, step) is deterministic
-(``state_for``), so the test process can compare restored bytes with what was saved.
+Run by tests/checkpoint/conftest.py as ``python -m tests.checkpoint.trainer save|restore ...``
+with its job's token in ``MATRIXPOOL_CKPT_TOKEN``; prints one JSON object per line on stdout.
+The state of (rank, step) is deterministic (``state_for``), so the test process can compare
+restored bytes with what was saved.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import sys
 from typing import Any
 
@@ -81,7 +83,6 @@ def main() -> int:
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--world", type=int, required=True)
     parser.add_argument("--daemon", required=True)
-    parser.add_argument("--token", required=True)
     parser.add_argument("--spec", default="{}", help="the TrainingJob's spec.checkpoint as JSON")
     parser.add_argument("--steps", default="", help="steps to save, comma-separated")
     parser.add_argument("--step", type=int, help="step to restore (default: newest committed)")
@@ -91,7 +92,13 @@ def main() -> int:
     try:
         peers = [p for p in args.peers.split(",") if p]
         with Checkpointer(
-            args.job, args.rank, args.world, args.daemon, args.token, spec=spec, peers=peers
+            args.job,
+            args.rank,
+            args.world,
+            args.daemon,
+            os.environ["MATRIXPOOL_CKPT_TOKEN"],
+            spec=spec,
+            peers=peers,
         ) as ckpt:
             if args.action == "save":
                 save(ckpt, [int(s) for s in args.steps.split(",") if s])
