@@ -46,10 +46,12 @@ from typing import Any
 
 import numpy as np
 
-from matrixpool_recovery import Checkpointer, CheckpointSpec, wire
+from matrixpool_recovery import Checkpointer, CheckpointSpec, credentials, wire
 from matrixpool_recovery.daemon import parse_bytes
 
-TOKEN = "benchmark-token"
+SECRET = "benchmark-secret"  # the daemons' cluster secret
+TOKEN = credentials.job_token(SECRET, "bench")  # the trainer's: job "bench" only
+OPERATOR = credentials.operator_token(SECRET)  # deletes the job between runs
 PARTS = 4  # arrays per state, like a few large layers
 SINK_BUFFER = 256 << 20  # bytes the loopback receiver writes into
 GOALS = {
@@ -146,13 +148,18 @@ def daemons(root: Path, memory_bytes: int) -> Iterator[dict[str, str]]:
     """Nodes a (the trainer's), b (its peer) and c (a spare whose peer is b)."""
     processes: list[subprocess.Popen[bytes]] = []
     addresses: dict[str, str] = {}
+    secret = root / "secret"
+    root.mkdir(parents=True, exist_ok=True)
+    secret.touch(mode=0o600)
+    secret.write_text(SECRET)
     try:
         for node, peers in (("b", []), ("a", ["b"]), ("c", ["b"])):
             ready = root / f"{node}.ready"
             args = [sys.executable, "-m", "matrixpool_recovery.daemon", "--listen", "127.0.0.1:0"]
             args += ["--node", node, "--data-dir", str(root / node / "disk")]
             args += ["--memory-dir", str(root / node / "memory")]
-            args += ["--memory-bytes", str(memory_bytes), "--token", TOKEN, "--keep", "1"]
+            args += ["--memory-bytes", str(memory_bytes), "--secret-file", str(secret)]
+            args += ["--keep", "1", "--persistent-root", str(root / "persistent")]
             args += ["--ready-file", str(ready), "--log-level", "WARNING"]
             args += [arg for peer in peers for arg in ("--peer", addresses[peer])]
             processes.append(subprocess.Popen(args))
@@ -221,7 +228,7 @@ def run_size(size: int, repeat: int, root: Path) -> dict[str, Any]:
                 }
                 runs.append(baselines | one_save(trainer, spare, step, state, into))
                 for node in ("a", "b"):
-                    wire.request(wire.Endpoint(nodes[node], TOKEN), "DELETE", "/v1/jobs/bench")
+                    wire.request(wire.Endpoint(nodes[node], OPERATOR), "DELETE", "/v1/jobs/bench")
         finally:
             trainer.close()
             spare.close()

@@ -5,8 +5,11 @@ the operator can reach it (``file://`` mounted in the operator). Used by the rec
 (which copies survive a fault) and by the time-sharing transitions (did the job answer a
 checkpoint request; which step to resume from).
 
-The daemons want the shared token: ``MATRIXPOOL_CKPT_TOKEN`` or ``MATRIXPOOL_CKPT_TOKEN_FILE``
-(the chart mounts the daemons' Secret). Without a token the operator sees no daemon.
+The operator holds the cluster checkpoint secret (a file: ``MATRIXPOOL_CKPT_SECRET_FILE``, or
+``MATRIXPOOL_CKPT_TOKEN_FILE`` naming the same file, its older name) and asks the daemons with
+the operator token derived from it (``matrixpool_recovery.credentials``); ``job_token_for``
+gives the token a job's pods get, which opens that job's checkpoints only. Without the secret
+the operator sees no daemon.
 
 Jobs are known to the daemons by their TrainingJob's UID (``MATRIXPOOL_JOB``), never by
 namespace and name: a job deleted and created again under the same name is a new job that
@@ -31,21 +34,37 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from matrixpool_recovery import errors, files, manifest, wire
+from matrixpool_recovery import credentials, errors, files, manifest, wire
 
 PROBE_TIMEOUT = 1.0  # seconds for one healthz request
 INVENTORY_TIMEOUT = 3.0  # seconds for one inventory request (a busy daemon lists slower)
 MAX_PARALLEL = 32  # daemons asked at once
+SECRET_FILE_ENV = "MATRIXPOOL_CKPT_SECRET_FILE"  # the cluster secret's file
+OLD_SECRET_FILE_ENV = "MATRIXPOOL_CKPT_TOKEN_FILE"  # its earlier name, still read
+
+
+def secret() -> str | None:
+    """The cluster checkpoint secret, from the file the environment names, or None."""
+    path = os.environ.get(SECRET_FILE_ENV) or os.environ.get(OLD_SECRET_FILE_ENV)
+    if not path or not Path(path).exists():
+        return None
+    try:
+        return credentials.read_secret(Path(path))
+    except ValueError:
+        return None
 
 
 def token() -> str | None:
-    """The daemons' shared token, from the environment, or None."""
-    if value := os.environ.get("MATRIXPOOL_CKPT_TOKEN"):
-        return value
-    path = os.environ.get("MATRIXPOOL_CKPT_TOKEN_FILE")
-    if path and Path(path).exists():
-        return Path(path).read_text().strip() or None
-    return None
+    """The operator token: peer lists, pins, deletes and every job's inventory; or None."""
+    found = secret()
+    return None if found is None else credentials.operator_token(found)
+
+
+def job_token_for(job: str) -> str | None:
+    """The token for the pods of ``job`` (its TrainingJob's UID): that job's checkpoints only;
+    or None."""
+    found = secret()
+    return None if found is None else credentials.job_token(found, job)
 
 
 @dataclass(frozen=True)
@@ -83,17 +102,18 @@ async def inventory(
     job: str,
     endpoints: Mapping[str, str],
     persistent_uri: str | None = None,
-    secret: str | None = None,
+    bearer: str | None = None,
 ) -> Inventory:
-    """Ask every daemon in ``endpoints`` (node -> host:port) what it holds of ``job``."""
-    secret = secret if secret is not None else token()
+    """Ask every daemon in ``endpoints`` (node -> host:port) what it holds of ``job``
+    (with ``bearer``, by default the operator token)."""
+    bearer = bearer if bearer is not None else token()
     limit = asyncio.Semaphore(MAX_PARALLEL)
 
     async def ask(node: str, address: str) -> tuple[str, list[manifest.Holding] | None]:
-        if secret is None:
+        if bearer is None:
             return node, None
         async with limit:
-            return node, await asyncio.to_thread(_inventory_of, address, secret, job)
+            return node, await asyncio.to_thread(_inventory_of, address, bearer, job)
 
     answers = await asyncio.gather(*(ask(n, a) for n, a in sorted(endpoints.items())))
     found = [h for _, held in answers if held for h in held]
@@ -103,8 +123,8 @@ async def inventory(
     return Inventory(tuple(found), dict(endpoints), unreachable)
 
 
-def _inventory_of(address: str, secret: str, job: str) -> list[manifest.Holding] | None:
-    endpoint = wire.Endpoint(address, secret, timeout=INVENTORY_TIMEOUT)
+def _inventory_of(address: str, bearer: str, job: str) -> list[manifest.Holding] | None:
+    endpoint = wire.Endpoint(address, bearer, timeout=INVENTORY_TIMEOUT)
     try:
         answer = wire.request(endpoint, "GET", f"/v1/inventory?job={job}")
     except (errors.CheckpointError, OSError, ValueError):
@@ -124,21 +144,21 @@ def _persistent(job: str, uri: str) -> list[manifest.Holding]:
 async def pin(job: str, endpoints: Iterable[str], step: int | None) -> list[str]:
     """Ask each daemon to keep ``step`` of ``job`` (None: let it go); the endpoints that
     did. A recovery pins the step it chose until every rank has reloaded it."""
-    secret = token()
-    if secret is None:
+    bearer = token()
+    if bearer is None:
         return []
     limit = asyncio.Semaphore(MAX_PARALLEL)
 
     async def one(address: str) -> str | None:
         async with limit:
-            return await asyncio.to_thread(_pin, address, secret, job, step)
+            return await asyncio.to_thread(_pin, address, bearer, job, step)
 
     answers = await asyncio.gather(*(one(a) for a in sorted(set(endpoints))))
     return [a for a in answers if a is not None]
 
 
-def _pin(address: str, secret: str, job: str, step: int | None) -> str | None:
-    endpoint = wire.Endpoint(address, secret, timeout=PROBE_TIMEOUT)
+def _pin(address: str, bearer: str, job: str, step: int | None) -> str | None:
+    endpoint = wire.Endpoint(address, bearer, timeout=PROBE_TIMEOUT)
     try:
         wire.request(endpoint, "PUT", f"/v1/jobs/{job}/pin", {"step": step})
     except (errors.CheckpointError, OSError, ValueError):

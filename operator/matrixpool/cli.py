@@ -133,6 +133,11 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument(
         "--port", type=int, default=None, help="port of every daemon on its loopback address"
     )
+    sim.add_argument(
+        "--persistent-root",
+        type=Path,
+        help="folder tier-3 URIs must be inside (default: FOLDER/persistent)",
+    )
     sim.set_defaults(handler=_sim)
 
     demo = commands.add_parser("demo", help="local cluster + operator + examples")
@@ -249,6 +254,7 @@ def _sim(args: argparse.Namespace) -> int:
         args.step_seconds,
         args.state_bytes,
         **({"port": args.port} if args.port else {}),
+        **({"persistent_root": args.persistent_root} if args.persistent_root else {}),
     )
     print(
         f"simulating nodes of {', '.join(args.supernode) or 'every supernode'}; "

@@ -2,8 +2,9 @@
 
 Used by the trainer client (to its node's daemon and to peers) and by the daemon (to push
 tier-1 copies to peers). One connection per request, plain HTTP on the node network, a bearer
-token in ``Authorization: Bearer`` (a job's or the operator's, see ``credentials``). Status codes become the errors of ``errors``; a refused or
-timed-out connection becomes ``DaemonUnreachableError`` (a lost node looks like that).
+token in ``Authorization: Bearer`` (a job's or the operator's, see ``credentials``). Status
+codes become the errors of ``errors``; a refused or timed-out connection becomes
+``DaemonUnreachableError`` (a lost node looks like that).
 """
 
 from __future__ import annotations

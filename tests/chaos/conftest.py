@@ -25,7 +25,10 @@ def sim(
     cluster: framework.TestCluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[framework.Sim]:
     """One sim for the session: a daemon per node of every supernode (faults restart them)."""
-    process = framework.Sim(cluster, tmp_path_factory.mktemp("sim") / "sim").start()
+    persistent = tmp_path_factory.getbasetemp() / "persistent"  # jobs' tier 3 (start_job)
+    process = framework.Sim(
+        cluster, tmp_path_factory.mktemp("sim") / "sim", persistent_root=persistent
+    ).start()
     try:
         yield process
     finally:

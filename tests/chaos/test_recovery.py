@@ -22,6 +22,11 @@ JOB = "llm"
 # ---- helpers -------------------------------------------------------------------------------
 
 
+def persistent_dir(tmp_path: Path) -> Path:
+    """The test's tier-3 folder, inside the sim daemons' --persistent-root (conftest)."""
+    return tmp_path.parent / "persistent" / tmp_path.name
+
+
 def start_job(
     cluster: framework.TestCluster,
     namespace: str,
@@ -39,7 +44,7 @@ def start_job(
     job.body["spec"]["checkpoint"] = {
         "memory": {"everySteps": MEMORY_EVERY, "peerReplicas": 1},
         "local": {"everySteps": 5},
-        "persistent": {"everySteps": persistent_every, "uri": f"file://{tmp_path / 'ckpt'}"},
+        "persistent": {"everySteps": persistent_every, "uri": f"file://{persistent_dir(tmp_path)}"},
     }
     job.body["spec"]["recovery"] = {
         "maxRecoveries": max_recoveries,

@@ -151,12 +151,15 @@ class Sim:
     folder: Path
     supernodes: tuple[str, ...] = ()  # empty: every supernode
     step_seconds: float = 0.2
+    persistent_root: Path | None = None  # tier-3 URIs must be inside; None: folder/persistent
     process: subprocess.Popen[bytes] | None = field(default=None)
 
     def start(self) -> Sim:
         argv = [sys.executable, "-m", "matrixpool.cli", "sim", "--folder", str(self.folder)]
         argv += ["--step-seconds", str(self.step_seconds)]
         argv += ["--port", str(cluster.free_ports(1)[0])]  # other sims may run beside
+        if self.persistent_root is not None:
+            argv += ["--persistent-root", str(self.persistent_root)]
         for name in self.supernodes:
             argv += ["--supernode", name]
         log = open(self.folder.with_suffix(".log"), "ab")  # noqa: SIM115 -- the child's

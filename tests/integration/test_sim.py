@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from matrixpool_recovery import credentials
 from tests.integration import framework, manifests
 from tests.integration.test_scheduling import wait_job
 
@@ -150,4 +151,5 @@ def test_sim_runs_a_daemon_per_node_and_trainers_that_checkpoint_and_die_with_th
 
 
 def _token(folder: Path) -> str:
-    return (folder / "token").read_text().strip()
+    """The operator token, derived from the cluster secret the sim wrote."""
+    return credentials.operator_token(credentials.read_secret(folder / "secret"))

@@ -123,7 +123,9 @@ class Watcher:
 @pytest.fixture
 def sim(cluster: framework.TestCluster, tmp_path: Path) -> Iterator[Path]:
     """The sim for SN's nodes, on a port of its own, with every daemon published."""
-    process = framework.Sim(cluster, tmp_path / "sim", (SN,), step_seconds=2).start()
+    process = framework.Sim(
+        cluster, tmp_path / "sim", (SN,), step_seconds=2, persistent_root=tmp_path / "persistent"
+    ).start()
     try:
         yield process.folder
     finally:

@@ -2,7 +2,8 @@
 
 Off by default; when on: one daemon per node on the host network, tier 2 and tier 1 on host
 folders, the tier-1 bound given both as the container's memory limit and as --memory-bytes,
-the token from a Secret the chart creates or one that exists. Uses the helm binary that
+tier 3 only under persistentPath, the cluster secret from a Secret the chart creates or one
+that exists, mounted by the daemons and the operator. Uses the helm binary that
 tools/k8s/build.sh builds and the Helm wrapper of test_chart.py.
 """
 
@@ -89,18 +90,55 @@ def test_the_daemon_runs_unprivileged(helm: chart.Helm) -> None:
     assert security["capabilities"]["drop"] == ["ALL"]
 
 
-def test_the_chart_creates_the_token_secret_the_daemon_reads(helm: chart.Helm) -> None:
+def operator(manifests: list[Manifest]) -> Manifest:
+    [found] = chart.only(manifests, "Deployment")["spec"]["template"]["spec"]["containers"]
+    return dict(found)
+
+
+def operator_secret(manifests: list[Manifest]) -> str | None:
+    """The Secret the operator mounts where MATRIXPOOL_CKPT_SECRET_FILE points, or None."""
+    env = {e["name"]: e.get("value") for e in operator(manifests)["env"]}
+    path = env.get("MATRIXPOOL_CKPT_SECRET_FILE")
+    if path is None:
+        return None
+    pod_spec = chart.only(manifests, "Deployment")["spec"]["template"]["spec"]
+    [mount] = [m for m in operator(manifests)["volumeMounts"] if path.startswith(m["mountPath"])]
+    [volume] = [v for v in pod_spec["volumes"] if v["name"] == mount["name"]]
+    return str(volume["secret"]["secretName"])
+
+
+def test_the_chart_creates_the_secret_the_daemon_and_the_operator_read(helm: chart.Helm) -> None:
     manifests = helm.render(ENABLED)
     secret = chart.only(manifests, "Secret")
     assert len(secret["data"]["token"]) >= 40
     assert volumes(manifests)["token"]["secret"]["secretName"] == secret["metadata"]["name"]
-    assert args(manifests)["--token-file"] == "/etc/matrixpool-checkpoint/token"
+    assert args(manifests)["--secret-file"] == "/etc/matrixpool-checkpoint/token"
+    assert operator_secret(manifests) == secret["metadata"]["name"]
 
 
-def test_an_existing_token_secret_is_used_as_it_is(helm: chart.Helm) -> None:
+def test_no_secret_or_token_is_on_the_daemons_command_line(helm: chart.Helm) -> None:
+    flags = set(args(helm.render(ENABLED)))
+    assert "--token" not in flags
+    assert "--token-file" not in flags
+
+
+def test_the_operator_gets_no_checkpoint_secret_without_the_daemons(helm: chart.Helm) -> None:
+    assert operator_secret(helm.render()) is None
+
+
+def test_an_existing_secret_is_used_as_it_is(helm: chart.Helm) -> None:
     manifests = helm.render(ENABLED, "checkpointDaemon.token.existingSecret=ckpt-token")
     assert "Secret" not in chart.kinds(manifests)
     assert volumes(manifests)["token"]["secret"]["secretName"] == "ckpt-token"
+    assert operator_secret(manifests) == "ckpt-token"
+
+
+def test_tier_3_is_confined_to_the_persistent_folder(helm: chart.Helm) -> None:
+    manifests = helm.render(ENABLED, "checkpointDaemon.persistentPath=/mnt/ckpt")
+    assert args(manifests)["--persistent-root"] == "/mnt/ckpt"
+    assert volumes(manifests)["persistent"]["hostPath"]["path"] == "/mnt/ckpt"
+    mounts = {m["name"]: m["mountPath"] for m in container(manifests)["volumeMounts"]}
+    assert mounts["persistent"] == "/mnt/ckpt"
 
 
 def test_daemon_pods_are_not_selected_by_the_operator_service(helm: chart.Helm) -> None:
@@ -116,6 +154,13 @@ REJECTED = [
     ("memory=lots", "memory", "a malformed memory bound"),
     ("memory=16K", "memory", "a suffix helm and the daemon read differently"),
     ("hostPath=relative", "hostPath", "a relative host path"),
+    ("persistentPath=relative", "persistentPath", "a relative persistent path"),
+    ("persistentPath=/dev/shm", "overlaps", "a persistent path holding the memory folder"),
+    (
+        "persistentPath=/var/lib/matrixpool/checkpoints/t3",
+        "overlaps",
+        "a persistent path inside the tier-2 folder",
+    ),
     ("keep=0", "keep", "keeping no step"),
     ("replicas=3", "replicas", "a value the chart does not know"),
 ]

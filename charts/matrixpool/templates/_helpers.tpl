@@ -61,6 +61,12 @@ app.kubernetes.io/part-of: matrixpool
 {{- default (include "matrixpool.fullname" .) .Values.operator.peering.name }}
 {{- end }}
 
+{{/* Name of the checkpoint daemons' Secret (the cluster secret); the operator mounts it too. */}}
+{{- define "matrixpool.checkpointSecret" -}}
+{{- $name := printf "%s-checkpoint" (include "matrixpool.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- default $name .Values.checkpointDaemon.token.existingSecret }}
+{{- end }}
+
 {{/* Rules the values must follow that values.schema.json cannot state with a clear message. */}}
 {{- define "matrixpool.validate" -}}
 {{- if and (gt (int .Values.replicaCount) 1) (not .Values.operator.peering.enabled) }}

@@ -4,7 +4,7 @@ Steps, each printed with its measured time (a ticking progress line on every lon
 
 1. the local control plane: two CloudMatrix384-class supernodes (2 × 48 nodes × 8 cards);
 2. ``matrixpool sim`` (a real checkpoint daemon per node, a trainer per running training pod)
-   and the operator, told the daemons' token, with a fast clock that starts in the day window;
+   and the operator, given the daemons' secret, with a fast clock that starts in the day window;
 3. examples/: the SuperNodes, the DeepSeek-style service (prefill + decode EP320) on sn-0, the
    elastic job and the LLM job (which spans sn-1 and sn-0) homed on sn-1, the night-only job on
    sn-0; persistent checkpoint URIs are pointed into the demo's folder;
@@ -144,7 +144,7 @@ class Demo:
         print(f"matrixpool demo ({self.plan.name}): {_describe(self.plan)}", flush=True)
         with self.step("starting the local control plane (2 supernodes × 48 nodes × 8 cards)"):
             self.local.up(DEMO_SHAPE, crds=binaries.repo_root() / "crds")
-        with self.step("starting matrixpool sim and the operator (fast clock, daemons' token)"):
+        with self.step("starting matrixpool sim and the operator (fast clock, daemons' secret)"):
             self.start_sim()
             self.start_operator()
         self.observer = TransitionObserver(self.local)
@@ -181,13 +181,14 @@ class Demo:
         argv = [sys.executable, "-m", "matrixpool.cli", "sim", "--folder", str(self.folder / "sim")]
         argv += ["--step-seconds", str(self.plan.step_seconds)]
         argv += ["--port", str(cluster.free_ports(1)[0])]
+        argv += ["--persistent-root", str(self.folder / "persistent")]  # see adapt
         self.processes["sim"] = self.spawn("sim", argv, {})
 
     def start_operator(self) -> None:
         env = {
             "MATRIXPOOL_LOG_FORMAT": "json",
             "MATRIXPOOL_METRICS_PORT": str(self.metrics_port),
-            "MATRIXPOOL_CKPT_TOKEN_FILE": str(self.folder / "sim" / "token"),
+            "MATRIXPOOL_CKPT_SECRET_FILE": str(self.folder / "sim" / "secret"),
             clock.START_ENV: self.plan.clock_start,
             clock.SPEED_ENV: str(self.plan.clock_speed),
         }

@@ -9,6 +9,11 @@ goes NotReady or is deleted loses its daemon and trainers at once (SIGKILL: its 
 when it comes back it gets a fresh, empty daemon. Used by the chaos tests, the demo and users who
 want to rehearse a recovery.
 
+Credentials as the chart sets them up: the daemons read the cluster secret from
+``<folder>/secret`` (0600; ``<folder>/token`` links to it for older scripts, and the operator
+reads it through ``MATRIXPOOL_CKPT_SECRET_FILE``); the sim tells peers with the operator token;
+each trainer gets the token of its own job only.
+
 Reconciles every :data:`PERIOD` seconds from the API; safe to restart (it adopts nothing: old
 processes die with it).
 """
@@ -32,8 +37,8 @@ from matrixpool import checkpoints
 from matrixpool.api import labels
 from matrixpool.devcluster import cluster, faults
 from matrixpool.k8s import client as k8s_client
+from matrixpool_recovery import credentials, policy
 from matrixpool_recovery import peers as peer_policy
-from matrixpool_recovery import policy
 
 PERIOD = 0.25  # seconds between reconciliations
 PORT = 7040  # every daemon listens on this port of its own loopback address (--port)
@@ -69,8 +74,9 @@ class Sim:
     supernodes: frozenset[str] = frozenset()  # empty: every supernode
     step_seconds: float = 0.5
     state_bytes: int = 64 << 10
-    token: str = field(default_factory=lambda: secrets.token_hex(16))
+    secret: str = field(default_factory=lambda: secrets.token_hex(32))  # the cluster secret
     port: int = field(default_factory=lambda: PORT)  # two sims on one machine need two ports
+    persistent_root: Path | None = None  # tier-3 URIs must be inside; None: <folder>/persistent
     daemons: dict[str, Process] = field(default_factory=dict)  # node → its daemon
     trainers: dict[str, Process] = field(default_factory=dict)  # pod uid → its trainer
     addresses: dict[str, str] = field(default_factory=dict)  # node → loopback address
@@ -81,9 +87,17 @@ class Sim:
     def __post_init__(self) -> None:
         self.api = k8s_client.from_kubeconfig(self.kubeconfig)
         self.folder.mkdir(parents=True, exist_ok=True)
-        token_file = self.folder / "token"  # for people and tests who query the daemons
-        token_file.write_text(self.token)
-        token_file.chmod(0o600)
+        self.secret_file.unlink(missing_ok=True)
+        self.secret_file.touch(mode=0o600)  # never readable by others, not even for a moment
+        self.secret_file.write_text(self.secret + "\n")
+        token_file = self.folder / "token"  # its earlier name (MATRIXPOOL_CKPT_TOKEN_FILE)
+        token_file.unlink(missing_ok=True)
+        token_file.symlink_to(self.secret_file.name)
+
+    @property
+    def secret_file(self) -> Path:
+        """The cluster secret: for the daemons and the operator only."""
+        return self.folder / "secret"
 
     # ---- the loop --------------------------------------------------------------------------
 
@@ -157,7 +171,8 @@ class Sim:
             f"--memory-dir={memory}",
             "--memory-bytes=256Mi",
             "--memory-headroom=32Mi",
-            f"--token={self.token}",
+            f"--secret-file={self.secret_file}",
+            f"--persistent-root={self.persistent_root or self.folder / 'persistent'}",
             "--log-level=WARNING",
             f"--ready-file={ready}",
         ]
@@ -231,7 +246,10 @@ class Sim:
             f"http://{self.endpoint(node)}/v1/peers",
             method="POST",
             data=json.dumps({"peers": endpoints}).encode(),
-            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
+            headers={
+                "Authorization": f"Bearer {credentials.operator_token(self.secret)}",
+                "Content-Type": "application/json",
+            },
         )
         with urllib.request.urlopen(request, timeout=5):
             return
@@ -312,12 +330,13 @@ class Sim:
         checkpoint = (body.get("spec") or {}).get("checkpoint") or {"memory": {"everySteps": 1}}
         others = sorted({p.spec.node_name for p in gang if p.spec.node_name} - {pod.spec.node_name})
         restore = (pod.metadata.annotations or {}).get(labels.RESTORE, "")
+        job_key = body["metadata"]["uid"]  # the job's checkpoints and its token are keyed by it
         env = {
-            "MATRIXPOOL_JOB": body["metadata"]["uid"],
+            "MATRIXPOOL_JOB": job_key,
             "MATRIXPOOL_RANK": pod.metadata.labels[labels.RANK],
             "MATRIXPOOL_WORLD_SIZE": str(_world_size(gang)),
             "MATRIXPOOL_CKPT_DAEMON": self.endpoint(pod.spec.node_name),
-            "MATRIXPOOL_CKPT_TOKEN": self.token,
+            "MATRIXPOOL_CKPT_TOKEN": credentials.job_token(self.secret, job_key),
             "MATRIXPOOL_CKPT_PEERS": ",".join(self.endpoint(n) for n in others),
             "MATRIXPOOL_CHECKPOINT": json.dumps(checkpoint),
             "MATRIXPOOL_RESTORE": restore,
