@@ -142,7 +142,7 @@ def test_a_corrupt_copy_is_detected_and_the_next_source_used(
     assert restored["step"] == 10
     assert restored["equal"] is True
     [skipped] = restored["skipped"]
-    assert skipped.startswith(f"{tier}:a: ")
+    assert skipped.startswith(f"step 10 {tier}:a: ")
     assert "checksum" in skipped or "bytes" in skipped
 
 
