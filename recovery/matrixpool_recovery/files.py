@@ -6,32 +6,74 @@ per-node manifest. ``Persistent`` is tier 3 at a ``file://`` URI (a shared file 
 manifest listing every rank, written by whichever upload completes the set. The daemon writes
 both; the trainer client reads tier 3 directly when no daemon holds a copy.
 
-Every shard is written to a temporary name, fsynced and renamed, then named in a manifest:
-a crash leaves a step uncommitted, never a manifest naming a partial file.
+Every shard is written to a unique temporary name, fsynced, read back and checked against its
+checksum, renamed, then named in a manifest: a crash leaves a step uncommitted, never a
+manifest naming a partial file, and a failed write (a full disk) leaves no temporary file.
+A shard a manifest (tier 2) or sidecar (tier 3) already names is never replaced: a second write
+of the same (job, rank, step) is taken as stored when its checksum is the same and refused
+otherwise, so a late upload cannot change a committed file.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
 import threading
+import time
+import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from matrixpool_recovery import errors, manifest, names
+from matrixpool_recovery import checksum, errors, manifest, names
 from matrixpool_recovery.spec import LOCAL, PERSISTENT
 
 log = logging.getLogger(__name__)
 COPY_PIECE = 64 << 20  # bytes per sendfile call
+READ_BACK_PIECE = 4 << 20  # bytes per read when a written shard is verified
 
 
-def copy_file(source: Path, size: int, dest: Path) -> None:
-    """Copy `size` bytes of source to dest durably: temporary name, fsync, rename."""
+def copy_file(source: Path, size: int, dest: Path, expected: str | None = None) -> None:
+    """Copy `size` bytes of source to dest durably: temporary name, fsync, rename.
+
+    `expected`: the checksum the written bytes must have (read back before the rename).
+    """
+    place(copied(source, size, dest, expected), dest)
+
+
+def temporary_name(dest: Path) -> Path:
+    """A name beside dest no other writer uses (every daemon is PID 1 in its container)."""
+    return dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.tmp")
+
+
+def copied(
+    source: Path,
+    size: int,
+    dest: Path,
+    expected: str | None = None,
+    timing: list[float] | None = None,
+) -> Path:
+    """A durable copy of source under a temporary name beside dest, verified against
+    `expected` when given (the seconds that took are appended to `timing`); nothing is
+    left behind when it fails."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    temporary = dest.with_name(f".{dest.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(source, "rb") as reader, open(temporary, "wb") as writer:
+    temporary = temporary_name(dest)
+    try:
+        _copy(source, size, temporary)
+        if expected is not None:
+            started = time.perf_counter()
+            verify_file(temporary, size, expected)
+            (timing if timing is not None else []).append(time.perf_counter() - started)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    return temporary
+
+
+def _copy(source: Path, size: int, temporary: Path) -> None:
+    with open(source, "rb") as reader, open(temporary, "xb") as writer:
         offset = 0
         for _ in range(size // COPY_PIECE + 2):
             if offset >= size:
@@ -43,7 +85,73 @@ def copy_file(source: Path, size: int, dest: Path) -> None:
         if offset != size or os.fstat(writer.fileno()).st_size != size:
             raise errors.IntegrityError(f"copied {offset} of {size} bytes of {source}")
         os.fsync(writer.fileno())
-    os.replace(temporary, dest)
+
+
+def verify_file(path: Path, size: int, expected: str) -> None:
+    """Read a written file back and check its checksum (IntegrityError when it differs)."""
+    running = checksum.Running(checksum.algorithm_of(expected))
+    piece = memoryview(bytearray(min(size, READ_BACK_PIECE) or 1))
+    total = 0
+    with open(path, "rb", buffering=0) as file:
+        for _ in range(size // len(piece) + 2):
+            got = file.readinto(piece)
+            if not got:
+                break
+            running.update(piece[:got])
+            total += got
+    if total != size:
+        raise errors.IntegrityError(f"{path} read back {total} of {size} bytes")
+    checksum.verify(expected, running, f"{path} read back")
+
+
+def place(temporary: Path, dest: Path) -> None:
+    """Rename a written temporary file over dest (removed if that fails)."""
+    try:
+        os.replace(temporary, dest)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    manifest.sync_dir(dest.parent)
+
+
+def _already_stored(
+    found: manifest.Manifest | None, record: manifest.ShardRecord, temporary: Path
+) -> bool:
+    """Whether `found` already names a shard of the record's rank (then the new copy is
+    dropped): the same checksum is stored already; a different one is refused, since a
+    committed file is never replaced."""
+    if found is None or record.rank not in found.shards:
+        return False
+    temporary.unlink(missing_ok=True)
+    held = found.shards[record.rank]
+    if held.checksum != record.checksum or held.size != record.size:
+        raise errors.IntegrityError(
+            f"step {found.step} of {found.job} already holds rank {record.rank}'s shard "
+            f"({held.checksum}); a different one ({record.checksum}) is refused"
+        )
+    return True
+
+
+def _link_new(temporary: Path, dest: Path, record: manifest.ShardRecord) -> None:
+    """Put temporary at dest unless a file is there already (another node's write of the
+    same shard, or one whose sidecar a crash lost): that one stays if its bytes are the same
+    shard, else this write is refused. Renames over dest where hard links are unsupported."""
+    try:
+        os.link(temporary, dest)
+    except FileExistsError:
+        try:
+            verify_file(dest, record.size, record.checksum)
+        except errors.IntegrityError as err:
+            raise errors.IntegrityError(
+                f"{dest} holds another shard of rank {record.rank}; refused to replace it"
+            ) from err
+    except OSError as err:
+        if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
+        if not dest.exists():  # a file system without hard links: not atomic across nodes
+            os.replace(temporary, dest)
+    finally:
+        temporary.unlink(missing_ok=True)
     manifest.sync_dir(dest.parent)
 
 
@@ -67,7 +175,9 @@ class DiskTier:
 
     def store(
         self, source: Path, record: manifest.ShardRecord, job: str, step: int, world_size: int
-    ) -> None:
+    ) -> float:
+        """Write one rank's shard (verified), then name it in the step's manifest; the
+        seconds spent reading it back."""
         directory = self.step_dir(job, step)
         with self._lock:
             found = manifest.load(directory)
@@ -75,13 +185,20 @@ class DiskTier:
                 # A newer run re-saves this rank: the manifest stops naming the old shard
                 # before its file is replaced, so no reader pairs old checksum and new bytes.
                 manifest.save(directory, found.without(record.rank))
-        copy_file(source, record.size, directory / shard_name(record.rank))
+        dest = directory / shard_name(record.rank)
         with self._lock:
-            found = manifest.load(directory) or manifest.Manifest(
-                job, step, LOCAL, world_size, self.node
-            )
-            manifest.save(directory, found.with_shard(record))
+            self._prune(job)  # space an earlier failed save could not free
+        verified: list[float] = []
+        temporary = copied(source, record.size, dest, record.checksum, verified)
+        with self._lock:
+            found = manifest.load(directory)
+            if _already_stored(found, record, temporary):
+                return sum(verified)
+            place(temporary, dest)
+            built = found or manifest.Manifest(job, step, LOCAL, world_size, self.node)
+            manifest.save(directory, built.with_shard(record))
             self._prune(job)
+        return sum(verified)
 
     def locate(self, job: str, rank: int, step: int) -> tuple[manifest.ShardRecord, Path]:
         directory = self.step_dir(job, step)
@@ -136,8 +253,16 @@ class Persistent:
             # the old commit goes before any of its shards is replaced.
             (directory / manifest.FILE).unlink(missing_ok=True)
             manifest.sync_dir(directory)
-        copy_file(source, record.size, directory / shard_name(record.rank))
+        dest = directory / shard_name(record.rank)
         sidecar = directory / f"rank-{record.rank}.json"
+        temporary = copied(source, record.size, dest, record.checksum)
+        side = _load_quiet_file(sidecar)
+        if side is not None and _superseded(side, record):
+            place(temporary, dest)  # a newer run replaces an older run's shard
+        elif _already_stored(side, record, temporary):
+            return self._commit_if_complete(directory, job, step, world_size)
+        else:
+            _link_new(temporary, dest, record)
         manifest.write_atomic(
             sidecar,
             manifest.Manifest(
@@ -211,4 +336,11 @@ def _load_quiet(directory: Path) -> manifest.Manifest | None:
         return manifest.load(directory)
     except errors.IntegrityError:
         log.warning("ignoring corrupt manifest in %s", directory)
+        return None
+
+
+def _load_quiet_file(path: Path) -> manifest.Manifest | None:
+    try:
+        return manifest.Manifest.from_bytes(path.read_bytes())
+    except FileNotFoundError:
         return None

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,12 +138,16 @@ class Manifest:
 def write_atomic(path: Path, data: bytes) -> None:
     """Replace path with data: temporary file, fsync, rename, fsync of the directory."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(temporary, "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, path)
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")  # unique: PID 1 everywhere
+    try:
+        with open(temporary, "xb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)  # a full disk keeps no temporary file
+        raise
     sync_dir(path.parent)
 
 

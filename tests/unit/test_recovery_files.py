@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from matrixpool_recovery import errors, files, manifest, names
+from matrixpool_recovery import checksum, errors, files, manifest, names
 
 
 def shard(tmp_path: Path, rank: int) -> tuple[Path, manifest.ShardRecord]:
     source = tmp_path / f"source-{rank}"
     source.write_bytes(bytes([rank]) * 5000)
-    return source, manifest.ShardRecord(rank, 5000, f"crc32:{rank:08x}", "node-a")
+    return source, manifest.ShardRecord(rank, 5000, checksum.of(source.read_bytes()), "node-a")
 
 
 def test_a_disk_shard_is_named_by_the_manifest_once_complete(tmp_path: Path) -> None:
@@ -20,7 +20,7 @@ def test_a_disk_shard_is_named_by_the_manifest_once_complete(tmp_path: Path) -> 
     disk.store(*shard(tmp_path, 3), "job", 10, world_size=4)
     record, path = disk.locate("job", 3, 10)
     assert path.read_bytes() == bytes([3]) * 5000
-    assert record.checksum == "crc32:00000003"
+    assert record.checksum == checksum.of(bytes([3]) * 5000)
     with pytest.raises(errors.NotFoundError):
         disk.locate("job", 2, 10)
 
