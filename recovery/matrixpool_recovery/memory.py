@@ -8,9 +8,25 @@ the same way.
 
 Buffers are recycled: a step that ages out leaves its buffers in a free pool, and the next save
 of the same rank gets one back (already in memory, already mapped by that trainer). The total
-of all buffers never exceeds the memory bound; when a reservation does not fit, free buffers
-go first, then the oldest steps, never the newest committed step of a job (which trainers
-report; until they do, the newest step held) nor the step being saved.
+of all buffer files, whatever their state and whoever maps them, never exceeds the memory
+bound, and every byte of it is allocated when the buffer is reserved (``posix_fallocate``): a
+full tmpfs is a 507 then, never a SIGBUS in a trainer touching a sparse page. When a
+reservation does not fit, free buffers go first, then the oldest steps, never the newest
+committed step of a job (which trainers report; until they do, the newest step held) nor the
+step being saved; whether it can fit is decided before anything goes, so a refused reservation
+evicts nothing. A dropped buffer's file is truncated before it is unlinked, which frees its
+pages even where a trainer still maps it.
+
+A buffer some copy reads (``busy``: a peer push, a tier-2 or tier-3 write, a download) is
+neither handed out again nor dropped until the copy ends, whatever its state.
+
+Reservations made for a trainer (POST reserve) are leased: one not committed within the lease
+(``--staging-lease``, 600 s by default) is reclaimed. The trainer may still be writing into it
+through its mapping, so a reclaimed buffer is never committed, never handed out and never
+truncated while that trainer may write: it stays counted until the same (job, rank) reserves
+again (its previous save has ended then, and the answer's ``live`` list tells its client to
+unmap it) or the job is deleted, and only then is its file dropped. An upload over HTTP holds
+its buffer busy while it writes; the daemon's read timeout bounds it instead.
 
 Layout: ``buffers/<id>`` and ``jobs/<job>/step-<N>/manifest.json`` (see ``manifest``). Called
 by the daemon's request handlers only.
@@ -19,12 +35,14 @@ by the daemon's request handlers only.
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import logging
 import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +54,7 @@ SHARED_MODE = 0o660  # buffers: the daemon's user and group (trainers) read and 
 STAGING_LEASE = 600.0  # seconds a reserved buffer waits for its commit before it is reclaimed
 
 FREE, STAGING, HELD, TRANSIT = "free", "staging", "held", "transit"
+RECLAIMED = "reclaimed"  # a lease ran out: counted, unusable until its owner reserves again
 
 
 @dataclass
@@ -44,7 +63,8 @@ class Buffer:
 
     id: str  # file name under buffers/, never reused
     size: int  # bytes, as the file is truncated to
-    state: str  # free, staging (being written), held (a tier-1 shard) or transit (tiers 2-3)
+    state: str  # free, staging (being written), held (a tier-1 shard), transit (tiers 2-3)
+    # or reclaimed
     owner: tuple[str, int] | None  # (job, rank) it was last reserved for
     since: float = 0.0  # monotonic time of the reservation
     busy: int = 0  # readers copying it to a peer, a disk or a URI
@@ -63,11 +83,14 @@ class Held:
 class MemoryTier:
     """The daemon's tier-1 store."""
 
-    def __init__(self, root: Path, node: str, limit: int, keep: int) -> None:
+    def __init__(
+        self, root: Path, node: str, limit: int, keep: int, lease: float = STAGING_LEASE
+    ) -> None:
         self.root = root  # the memory directory
         self.node = node  # this node's name, written in manifests
         self.limit = limit  # bytes all buffers may take together
         self.keep = keep  # steps kept per job
+        self.lease = lease  # seconds a trainer's reservation waits for its commit
         self._lock = threading.RLock()
         self._buffers: dict[str, Buffer] = {}
         self._steps: dict[tuple[str, int], dict[int, Held]] = {}  # (job, step) -> rank -> Held
@@ -88,17 +111,40 @@ class MemoryTier:
             raise ValueError(f"a shard of {size} bytes")
         with self._lock:
             self._reclaim_stale()
+            self._drop_reclaimed(lambda owner: owner == (job, rank))
             buffer = self._pick_free(job, rank, size)
             self._make_room(size - (buffer.size if buffer else 0), job, step, buffer)
             if buffer is None:
                 buffer = Buffer(uuid.uuid4().hex, 0, FREE, None)
                 self._buffers[buffer.id] = buffer
             if buffer.size != size:
-                os.truncate(self._create(buffer.id), size)
-                buffer.size = size
+                self._allocate(buffer, size)
             buffer.state, buffer.owner, buffer.step = STAGING, (job, rank), step
             buffer.since = time.monotonic()
             return buffer
+
+    def _allocate(self, buffer: Buffer, size: int) -> None:
+        """Size the buffer's file and allocate every page of it now: a full tmpfs fails
+        here (507), not in a trainer's page fault."""
+        path = self._create(buffer.id)
+        try:
+            os.truncate(path, min(size, buffer.size))
+            buffer.size = min(size, buffer.size)
+            fd = os.open(path, os.O_RDWR)
+            try:
+                os.posix_fallocate(fd, 0, size)
+            finally:
+                os.close(fd)
+        except OSError as err:
+            self._drop(buffer)
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise errors.MemoryFullError(
+                f"tier-1 memory of node {self.node}: {self.root} has no room for "
+                f"{size} more bytes ({err.strerror})",
+                507,
+            ) from err
+        buffer.size = size
 
     def _create(self, buffer_id: str) -> Path:
         """The buffer's file, writable by the group: trainer pods share the daemon's group."""
@@ -113,7 +159,7 @@ class MemoryTier:
         return self.root / "buffers" / buffer_id
 
     def _pick_free(self, job: str, rank: int, size: int) -> Buffer | None:
-        free = [b for b in self._buffers.values() if b.state == FREE]
+        free = [b for b in self._buffers.values() if b.state == FREE and not b.busy]
         for wanted in (
             lambda b: b.owner == (job, rank) and b.size == size,
             lambda b: b.size == size,
@@ -129,30 +175,50 @@ class MemoryTier:
         return sum(b.size for b in self._buffers.values())
 
     def _make_room(self, need: int, job: str, step: int, keep: Buffer | None) -> None:
-        """Phase 1: drop free buffers. Phase 2: evict the oldest steps. Else: memory full."""
-        for buffer in sorted(self._free(keep), key=lambda b: -b.size):
-            if self._used() + need <= self.limit:
-                return
-            self._drop(buffer)
-        for key in self._eviction_order(job, step):
-            if self._used() + need <= self.limit:
-                return
-            self._evict(key)
-            for buffer in self._free(keep):
-                self._drop(buffer)
-        if self._used() + need > self.limit:
+        """Phase 1: refuse, touching nothing, when even dropping and evicting all that may go
+        leaves too little. Phase 2: drop free buffers. Phase 3: evict the oldest steps."""
+        if self._used() + need <= self.limit:
+            return
+        order = self._eviction_order(job, step)
+        evictable = sum(
+            self._buffers[h.record.buffer].size for k in order for h in self._steps[k].values()
+        )
+        if self._used() - sum(b.size for b in self._free(keep)) - evictable + need > self.limit:
             raise errors.MemoryFullError(
                 f"tier-1 memory of node {self.node} is full: {self._used()} of {self.limit} "
                 f"bytes held by steps that may not be evicted; {need} more needed",
                 507,
             )
+        for buffer in sorted(self._free(keep), key=lambda b: -b.size):
+            if self._used() + need <= self.limit:
+                return
+            self._drop(buffer)
+        for key in order:
+            if self._used() + need <= self.limit:
+                return
+            self._evict(key)
+            for buffer in self._free(keep):
+                self._drop(buffer)
 
     def _free(self, keep: Buffer | None) -> list[Buffer]:
-        return [b for b in self._buffers.values() if b.state == FREE and b is not keep]
+        return [
+            b for b in self._buffers.values() if b.state == FREE and not b.busy and b is not keep
+        ]
 
     def _drop(self, buffer: Buffer) -> None:
-        self.path(buffer.id).unlink(missing_ok=True)
+        """Delete a buffer's file; truncated first, so that a trainer's mapping of it does not
+        keep its pages (unlinking alone would)."""
+        path = self.path(buffer.id)
+        with contextlib.suppress(FileNotFoundError):
+            os.truncate(path, 0)
+        path.unlink(missing_ok=True)
         del self._buffers[buffer.id]
+
+    def _drop_reclaimed(self, whose: Callable[[tuple[str, int] | None], bool]) -> None:
+        """Drop reclaimed buffers whose trainer can no longer write into them."""
+        for buffer in list(self._buffers.values()):
+            if buffer.state == RECLAIMED and not buffer.busy and whose(buffer.owner):
+                self._drop(buffer)
 
     def _eviction_order(self, job: str, step: int) -> list[tuple[str, int]]:
         """Steps that may go, oldest arrival first."""
@@ -168,9 +234,9 @@ class MemoryTier:
     def _reclaim_stale(self) -> None:
         now = time.monotonic()
         for buffer in self._buffers.values():
-            if buffer.state == STAGING and now - buffer.since > STAGING_LEASE:
-                log.warning("reclaiming buffer %s: no commit after %.0fs", buffer.id, STAGING_LEASE)
-                buffer.state = FREE
+            if buffer.state == STAGING and not buffer.busy and now - buffer.since > self.lease:
+                log.warning("reclaiming buffer %s: no commit after %.0fs", buffer.id, self.lease)
+                buffer.state = RECLAIMED
 
     # --- commits ---
 
@@ -402,6 +468,7 @@ class MemoryTier:
             self._pinned.pop(job, None)
             for key in [k for k in self._steps if k[0] == job]:
                 self._evict(key)
+            self._drop_reclaimed(lambda owner: owner is not None and owner[0] == job)
 
     def used(self) -> int:
         with self._lock:
