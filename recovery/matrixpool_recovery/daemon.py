@@ -31,6 +31,12 @@ HTTP API (JSON unless noted; every call but healthz and metrics needs
     GET    shard?tier=memory|local                      the shard bytes (sendfile)
     GET    path?tier=memory                             the buffer file, for a trainer on the node
     GET    status?wait=SECONDS                          per tier: pending, ok or error
+
+Bounds: each connection has a read timeout (``--read-timeout``, 30 s: a request or upload that
+sends nothing for that long is dropped, and an upload's buffer goes back to the pool), and at
+most ``--max-requests`` (64) are served at once; a connection beyond that is answered 503 at
+once and closed, without a thread. Tier 2 and 3 report ``ok`` only once the written file was
+read back and matched the shard's checksum.
 """
 
 from __future__ import annotations
@@ -76,6 +82,13 @@ RECEIVE_PIECE = 4 << 20  # bytes per read when a shard arrives
 MAX_WAIT = 60.0  # seconds a status request may wait
 LINGER_SECONDS = 5.0  # seconds to wait for the rest of a refused upload
 STATUSES_KEPT = 4096  # save statuses remembered
+READ_TIMEOUT = 30.0  # seconds a connection may send nothing before it is dropped
+MAX_REQUESTS = 64  # connections served at once; more are answered 503
+BUSY_BODY = b'{"error": "too many requests in flight"}'  # the 503 answer's body
+BUSY_ANSWER = (
+    b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+    b"Retry-After: 1\r\nContent-Length: %d\r\n\r\n%s" % (len(BUSY_BODY), BUSY_BODY)
+)
 ReadInto = Callable[[memoryview], int]  # fills a buffer from the request body
 _STATUS = {
     errors.InvalidNameError: 400,
@@ -264,12 +277,16 @@ class Daemon:
         started = time.perf_counter() if started is None else started
         self.memory.protect(job, options.committed, options.committed_incarnation)
         hold = MEMORY in options.tiers
+        tasks = self._tasks(job, rank, step, record, options, hold)
+        paths = {tier: self.memory.busy(record.buffer) for tier in tasks}  # before it is held
         try:
             self.memory.commit(job, rank, step, record, options.world_size, hold)
-        except (errors.IntegrityError, errors.DaemonError):
-            self.memory.abandon(record.buffer)
+        except errors.CheckpointError as err:
+            for _ in tasks:
+                self.memory.unbusy(record.buffer)
+            if isinstance(err, errors.IntegrityError | errors.DaemonError):
+                self.memory.abandon(record.buffer)
             raise
-        tasks = self._tasks(job, rank, step, record, options, hold)
         pending: dict[str, dict[str, Any] | None] = dict.fromkeys(tasks)
         if hold:
             pending[MEMORY] = None
@@ -281,7 +298,7 @@ class Daemon:
         if hold:
             status.set(MEMORY, {"state": "ok", "node": self.node})
             metrics.observe(MEMORY, metrics.SAVE, record.size, time.perf_counter() - started)
-        self._start(record.buffer, tasks, status, hold)
+        self._start(record.buffer, tasks, paths, status, hold)
         return {"node": self.node, "tiers": list(status.results)}
 
     def _tasks(
@@ -297,9 +314,7 @@ class Daemon:
         if hold and options.peer_replicas > 0 and not options.replica:
             tasks[PEERS] = lambda p: self._replicate(job, rank, step, record, options, p)
         if LOCAL in options.tiers:
-            tasks[LOCAL] = lambda p: self._timed(
-                record.size, lambda: self.disk.store(p, record, job, step, options.world_size)
-            )
+            tasks[LOCAL] = lambda p: self._local(job, step, record, options, p)
         if PERSISTENT in options.tiers:
             tasks[PERSISTENT] = lambda p: self._persist(job, step, record, options, p)
         return tasks
@@ -308,13 +323,14 @@ class Daemon:
         self,
         buffer_id: str,
         tasks: dict[str, Callable[[Path], dict[str, Any]]],
+        paths: dict[str, Path],
         status: SaveStatus,
         hold: bool,
     ) -> None:
+        """Run the tasks; each already counts as a reader of the buffer (``busy``)."""
         if not tasks and not hold:
             self.memory.release_transit(buffer_id)
         left = [len(tasks)]
-        paths = {tier: self.memory.busy(buffer_id) for tier in tasks}
 
         def run(tier: str, task: Callable[[Path], dict[str, Any]]) -> None:
             try:
@@ -334,14 +350,15 @@ class Daemon:
         for tier, task in tasks.items():
             self.pool.submit(run, tier, task)
 
-    @staticmethod
-    def _timed(size: int, action: Callable[[], object]) -> dict[str, Any]:
-        """A tier-2 save."""
+    def _local(
+        self, job: str, step: int, record: manifest.ShardRecord, options: SaveOptions, path: Path
+    ) -> dict[str, Any]:
+        """A tier-2 save; ``verifySeconds``: the part spent reading the written file back."""
         started = time.perf_counter()
-        action()
+        verify = self.disk.store(path, record, job, step, options.world_size)
         seconds = time.perf_counter() - started
-        metrics.observe(LOCAL, metrics.SAVE, size, seconds)
-        return {"state": "ok", "seconds": seconds}
+        metrics.observe(LOCAL, metrics.SAVE, record.size, seconds)
+        return {"state": "ok", "seconds": seconds, "verifySeconds": verify}
 
     def _persist(
         self, job: str, step: int, record: manifest.ShardRecord, options: SaveOptions, path: Path
@@ -412,14 +429,17 @@ class Daemon:
         """Read an uploaded shard into a reserved buffer, verifying its checksum."""
         buffer = self.memory.reserve(job, rank, step, size)
         running = checksum.Running(checksum.algorithm_of(expected))
+        path = self.memory.busy(buffer.id)  # written here: never reclaimed meanwhile
         try:
-            with open(self.memory.path(buffer.id), "r+b") as file, _mapped(file, size) as view:
+            with open(path, "r+b") as file, _mapped(file, size) as view:
                 _receive(read_into, view, running)
             checksum.verify(expected, running, f"upload of {job}/{rank}/{step}")
         except BaseException:
+            self.memory.unbusy(buffer.id)
             self.memory.abandon(buffer.id)
             metrics.failed(MEMORY, metrics.SAVE)
             raise
+        self.memory.unbusy(buffer.id)
         return manifest.ShardRecord(rank, size, expected, buffer=buffer.id)
 
 
@@ -484,6 +504,10 @@ class Handler(BaseHTTPRequestHandler):
     server: Server
     protocol_version = "HTTP/1.0"
     body_read = False  # whether the request body was consumed (see _linger)
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.settimeout(self.server.read_timeout)  # every read and write
 
     def do_GET(self) -> None:
         self._dispatch("GET")
@@ -686,15 +710,43 @@ class Handler(BaseHTTPRequestHandler):
 
 
 class Server(ThreadingHTTPServer):
-    """The HTTP server of a Daemon."""
+    """The HTTP server of a Daemon: a thread per connection, at most `max_requests` of them."""
 
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 128
 
-    def __init__(self, address: tuple[str, int], daemon: Daemon) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        daemon: Daemon,
+        read_timeout: float = READ_TIMEOUT,
+        max_requests: int = MAX_REQUESTS,
+    ) -> None:
         self.daemon = daemon  # what the handlers act on
+        self.read_timeout = read_timeout  # seconds a connection may send nothing
+        self.slots = threading.BoundedSemaphore(max_requests)  # one per connection served
         super().__init__(address, Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """A thread for the connection if a slot is free; else 503 now, from this thread."""
+        if not self.slots.acquire(blocking=False):
+            with contextlib.suppress(OSError):
+                request.settimeout(0)
+                request.send(BUSY_ANSWER)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
 
     def server_bind(self) -> None:
         self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -722,6 +774,9 @@ SECRET_ENV = "MATRIXPOOL_CKPT_SECRET_FILE"  # names the secret file when --secre
 SECRET_HELP = f"file holding the cluster secret the tokens derive from (default: ${SECRET_ENV})"
 PERSISTENT_ROOT = Path("/var/lib/matrixpool/persistent")  # default --persistent-root
 PERSISTENT_HELP = "folder every tier-3 (file://) URI must resolve inside; apart from the others"
+READ_TIMEOUT_HELP = "seconds a connection may send nothing before it is dropped"
+MAX_REQUESTS_HELP = "connections served at once; more are answered 503"
+LEASE_HELP = "seconds a trainer's reservation waits for its commit before it is reclaimed"
 
 
 def parse_bytes(text: str) -> int:
@@ -747,6 +802,9 @@ def arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--persistent-root", type=Path, default=PERSISTENT_ROOT, help=PERSISTENT_HELP)
     add("--keep", type=int, default=2, help="steps kept per job on each tier")
     add("--peer", action="append", default=[], help="HOST:PORT of a peer daemon (repeatable)")
+    add("--read-timeout", type=float, default=READ_TIMEOUT, help=READ_TIMEOUT_HELP)
+    add("--max-requests", type=int, default=MAX_REQUESTS, help=MAX_REQUESTS_HELP)
+    add("--staging-lease", type=float, default=memory.STAGING_LEASE, help=LEASE_HELP)
     add("--ready-file", type=Path, help="write HOST:PORT here once serving")
     add("--log-level", default="INFO")
     args = parser.parse_args(argv)
@@ -760,6 +818,8 @@ def arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(overlap)
     if args.keep < 1 or args.memory_bytes <= args.memory_headroom:
         parser.error("--keep must be >= 1 and --memory-bytes above --memory-headroom")
+    if args.read_timeout <= 0 or args.max_requests < 1 or args.staging_lease <= 0:
+        parser.error("--read-timeout, --max-requests and --staging-lease must be positive")
     return args
 
 
@@ -778,9 +838,8 @@ def _overlap(args: argparse.Namespace) -> str:
 
 def build(args: argparse.Namespace) -> Server:
     names.job(args.node)
-    mem = memory.MemoryTier(
-        args.memory_dir, args.node, args.memory_bytes - args.memory_headroom, args.keep
-    )
+    limit = args.memory_bytes - args.memory_headroom
+    mem = memory.MemoryTier(args.memory_dir, args.node, limit, args.keep, args.staging_lease)
     disk = files.DiskTier(args.data_dir, args.node, args.keep)
     daemon = Daemon(
         args.node,
@@ -792,7 +851,8 @@ def build(args: argparse.Namespace) -> Server:
         persistent_root=args.persistent_root,
     )
     host, _, port = args.listen.rpartition(":")
-    return Server((host.strip("[]"), int(port)), daemon)
+    address = (host.strip("[]"), int(port))
+    return Server(address, daemon, args.read_timeout, args.max_requests)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
