@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
 
 import pytest
 
-from matrixpool_recovery import errors, manifest, memory
+from matrixpool_recovery import checksum, daemon, errors, files, manifest, memory
+from tests import tmpfs
 
 SIZE = 4096
 
@@ -145,3 +148,88 @@ def test_a_pinned_step_stays_until_it_is_unpinned(tmp_path: Path) -> None:
     mem.pin("j", None)
     save(mem, 10)
     assert steps(mem) == [10]
+
+
+def test_a_refused_reservation_evicts_nothing(tmp_path: Path) -> None:
+    mem = tier(tmp_path, limit_shards=4)
+    for step in (1, 2, 3):
+        save(mem, step)
+    mem.protect("j", 3)
+    with pytest.raises(errors.MemoryFullError):  # evicting steps 1 and 2 would not be enough
+        mem.reserve("j", 0, 4, 4 * SIZE)
+    assert steps(mem) == [1, 2, 3]
+
+
+def test_a_buffer_being_copied_is_not_handed_out_when_its_step_goes(tmp_path: Path) -> None:
+    mem = tier(tmp_path)
+    copying = save(mem, 1)
+    mem.busy(copying)  # a tier-2 copy reads it
+    mem.drop_job("j")
+    assert mem.reserve("j", 0, 2, SIZE).id != copying
+    mem.unbusy(copying)
+    assert mem.reserve("j", 1, 2, SIZE).id == copying
+
+
+def test_every_byte_of_a_buffer_is_allocated_when_it_is_reserved(tmp_path: Path) -> None:
+    mem = tier(tmp_path, limit_shards=64)
+    buffer = mem.reserve("j", 0, 1, 64 * SIZE)
+    assert os.stat(mem.path(buffer.id)).st_blocks * 512 >= 64 * SIZE  # not a sparse file
+
+
+def test_a_full_tmpfs_refuses_the_reservation_and_keeps_no_file(tmp_path: Path) -> None:
+    with tmpfs.mounted(tmp_path / "shm", "1m") as shm:
+        mem = memory.MemoryTier(shm, "node-a", 64 << 20, keep=2)  # the bound is not the limit
+        with pytest.raises(errors.MemoryFullError, match="no room"):
+            mem.reserve("j", 0, 1, 4 << 20)
+        assert list((shm / "buffers").iterdir()) == []
+        assert mem.used() == 0
+
+
+def stale(mem: memory.MemoryTier, buffer: memory.Buffer) -> None:
+    """Make a reservation older than the lease."""
+    buffer.since -= mem.lease + 1
+
+
+def test_a_reclaimed_reservation_is_never_committed_or_handed_out(tmp_path: Path) -> None:
+    mem = tier(tmp_path)
+    stalled = mem.reserve("j", 0, 1, SIZE)
+    stale(mem, stalled)
+    other = mem.reserve("j", 1, 1, SIZE)  # the lease of rank 0's reservation ran out
+    assert other.id != stalled.id
+    assert mem.used() == 2 * SIZE  # its trainer may still write: still counted
+    record = manifest.ShardRecord(0, SIZE, "crc32:0", "node-a", stalled.id)
+    with pytest.raises(errors.NotFoundError):
+        mem.commit("j", 0, 1, record, 2, hold=True)
+    mem.reserve("j", 0, 2, SIZE)  # rank 0's trainer moved on: the file goes
+    assert not (tmp_path / "buffers" / stalled.id).exists()
+
+
+class SlowDisk(files.DiskTier):
+    """Tier 2 that starts copying only once the test lets it."""
+
+    go = threading.Event()
+
+    def store(self, *args: object, **kwargs: object) -> float:
+        assert self.go.wait(30)
+        return super().store(*args, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_buffer_is_not_reused_while_its_tier_2_copy_runs(tmp_path: Path) -> None:
+    mem = tier(tmp_path / "memory", limit_shards=2)
+    disk = SlowDisk(tmp_path / "disk", "node-a", keep=2)
+    node = daemon.Daemon("node-a", "t", mem, disk, [], keep=2)
+    try:
+        buffer = mem.reserve("j", 0, 1, SIZE)
+        mem.path(buffer.id).write_bytes(b"a" * SIZE)
+        record = manifest.ShardRecord(0, SIZE, checksum.of(b"a" * SIZE), "node-a", buffer.id)
+        options = daemon.SaveOptions(1, ("memory", "local"))
+        node.stored("j", 0, 1, record, options)
+        mem.drop_job("j")  # the step goes while its copy to disk waits
+        again = mem.reserve("k", 0, 1, SIZE)
+        mem.path(again.id).write_bytes(b"b" * SIZE)
+        SlowDisk.go.set()
+        assert node.status("j", 0, 1, wait=30)["tiers"]["local"]["state"] == "ok"
+    finally:
+        node.pool.shutdown(wait=True)
+    written, path = disk.locate("j", 0, 1)
+    assert path.read_bytes() == b"a" * SIZE
