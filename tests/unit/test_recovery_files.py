@@ -110,7 +110,7 @@ def test_a_late_write_never_replaces_a_shared_tier_shard(tmp_path: Path) -> None
 
 def test_a_failed_manifest_write_leaves_no_temporary_file(tmp_path: Path) -> None:
     (tmp_path / "taken").mkdir()  # a directory where the file should go: the rename fails
-    with pytest.raises(OSError):
+    with pytest.raises(IsADirectoryError):
         manifest.write_atomic(tmp_path / "taken", b"{}")
     assert [p.name for p in tmp_path.iterdir()] == ["taken"]
 
@@ -119,7 +119,7 @@ def test_a_full_disk_fails_the_save_leaves_nothing_and_recovers(tmp_path: Path) 
     with tmpfs.mounted(tmp_path / "disk", "1m") as mount:
         disk = files.DiskTier(mount, "node-a", keep=2)
         filler = tmpfs.fill(mount)
-        with pytest.raises(OSError):
+        with pytest.raises(OSError, match="No space left"):
             disk.store(*shard(tmp_path, 0), "job", 10, world_size=1)
         assert [p for p in mount.rglob("*") if p.name.endswith(".tmp")] == []
         filler.unlink()

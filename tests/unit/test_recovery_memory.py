@@ -231,5 +231,5 @@ def test_a_buffer_is_not_reused_while_its_tier_2_copy_runs(tmp_path: Path) -> No
         assert node.status("j", 0, 1, wait=30)["tiers"]["local"]["state"] == "ok"
     finally:
         node.pool.shutdown(wait=True)
-    written, path = disk.locate("j", 0, 1)
+    _, path = disk.locate("j", 0, 1)
     assert path.read_bytes() == b"a" * SIZE
