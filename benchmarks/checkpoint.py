@@ -15,6 +15,11 @@ For each state size it measures, in one run, the baselines and the data plane:
 * peer: replication of the shard from the node's daemon to a peer daemon (the daemon's clock);
 * restore from peer: a trainer on a spare node (a third daemon with no copy) restoring from the
   peer's memory into its arrays, checksum verified.
+* tier-2 save: a save of the same state to the node's disk only (the daemon's clock: copy,
+  fsync, read back and checksum, rename, manifest), and of it the read-back verification
+  (``verifySeconds`` in the daemon's answer; 0 from a daemon that does not verify). The data
+  directory is in /dev/shm beside the memory one, so this is the verification's cost against
+  the fastest possible disk.
 
 Three daemons run as separate processes with their memory directory in /dev/shm. Repetition
 0 is cold (fresh tmpfs pages, first mapping); later repetitions are the steady state, where a
@@ -227,12 +232,24 @@ def run_size(size: int, repeat: int, root: Path) -> dict[str, Any]:
                     "loopback": loopback_seconds(state, port),
                 }
                 runs.append(baselines | one_save(trainer, spare, step, state, into))
-                for node in ("a", "b"):
-                    wire.request(wire.Endpoint(nodes[node], OPERATOR), "DELETE", "/v1/jobs/bench")
+                clear(nodes)
+                runs[-1] |= local_save(trainer, step, state)
+                clear(nodes)
         finally:
             trainer.close()
             spare.close()
     return figures(total, runs)
+
+
+def clear(nodes: dict[str, str]) -> None:
+    for node in ("a", "b"):
+        wire.request(wire.Endpoint(nodes[node], OPERATOR), "DELETE", "/v1/jobs/bench")
+
+
+def local_save(trainer: Checkpointer, step: int, state: dict[str, Any]) -> dict[str, float]:
+    """A save to tier 2 only; the daemon's time for it and for its read-back."""
+    outcome = trainer.save(step, state, tiers=("local",)).wait()["local"]
+    return {"local": float(outcome["seconds"]), "verify": float(outcome.get("verifySeconds", 0))}
 
 
 def figures(size: int, runs: list[dict[str, float]]) -> dict[str, Any]:
@@ -251,6 +268,9 @@ def figures(size: int, runs: list[dict[str, float]]) -> dict[str, Any]:
             "peer_vs_loopback": loopback / run["peer"],
             "restore_peer_gbps": gbps(size, run["restore"]),
             "restore_peer_vs_loopback": loopback / run["restore"],
+            "local_save_gbps": gbps(size, run["local"]),
+            "local_verify_s": run["verify"],
+            "local_verify_share": run["verify"] / run["local"],
         }
 
     warm = [ratios(run) for run in runs[1:]]
