@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from matrixpool_recovery import files, manifest, memory
+from matrixpool_recovery import checksum, files, manifest, memory
 
 SIZE = 64
 WORLD = 2
@@ -90,12 +90,12 @@ class Model:
     def save(self, rank: int, tiers: str) -> None:
         step = self.next_step[rank]
         self.next_step[rank] = step + 1
-        record = manifest.ShardRecord(
-            rank, SIZE, f"crc32:{self.incarnation:08x}", "n", "", self.incarnation, self.base
-        )
+        data = bytes([self.incarnation % 256]) * SIZE
+        digest = checksum.of(data, checksum.CRC32)  # tier 3 reads what it wrote back
+        record = manifest.ShardRecord(rank, SIZE, digest, "n", "", self.incarnation, self.base)
         buffer = self.memory.reserve("j", rank, step, SIZE)
         path = self.memory.path(buffer.id)
-        path.write_bytes(bytes([self.incarnation % 256]) * SIZE)
+        path.write_bytes(data)
         held = manifest.ShardRecord(**{**record.__dict__, "buffer": buffer.id})
         self.memory.commit("j", rank, step, held, WORLD, hold="m" in tiers)
         if "p" in tiers:
