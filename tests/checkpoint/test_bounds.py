@@ -102,7 +102,7 @@ def test_restore_falls_back_to_the_step_before_when_no_copy_of_the_newest_is_val
     assert restored.step == 10
     assert digest(restored.state) == digest(state_for(0, 10))
     [skipped] = restored.skipped
-    assert skipped.startswith("memory:a: ")
+    assert "memory:a: " in skipped
     assert "checksum" in skipped
 
 
