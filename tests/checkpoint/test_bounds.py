@@ -18,7 +18,7 @@ import pytest
 
 from matrixpool_recovery import checksum, errors, manifest, names, wire
 from tests import tmpfs
-from tests.checkpoint.conftest import TOKEN, Cluster, spec_json, to_spec
+from tests.checkpoint.conftest import OPERATOR, Cluster, job_token, spec_json, to_spec
 from tests.checkpoint.trainer import digest, state_for
 
 JOB = "ml.llm"
@@ -26,7 +26,7 @@ DEADLINE = 30.0  # seconds a bounded wait may take before the test fails
 
 
 def endpoint(cluster: Cluster, node: str = "a") -> wire.Endpoint:
-    return wire.Endpoint(cluster.address(node), TOKEN, timeout=10)
+    return wire.Endpoint(cluster.address(node), OPERATOR, timeout=10)
 
 
 def reserve(cluster: Cluster, rank: int, step: int, size: int) -> dict[str, object]:
@@ -180,7 +180,7 @@ def test_a_stalled_upload_loses_its_reservation(cluster: Cluster) -> None:
     with socket.create_connection((host, port), timeout=DEADLINE) as stalled:
         head = (
             f"PUT {wire.shard_path(JOB, 0, 1, 'shard')} HTTP/1.0\r\n"
-            f"Authorization: Bearer {TOKEN}\r\nContent-Length: {size}\r\n"
+            f"Authorization: Bearer {job_token(JOB)}\r\nContent-Length: {size}\r\n"
             f"{wire.HEADER}Checksum: xxh3_64:00\r\n{wire.HEADER}World-Size: 1\r\n\r\n"
         )
         stalled.sendall(head.encode() + bytes(1 << 20))  # then nothing: the upload stalls
