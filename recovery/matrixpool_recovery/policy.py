@@ -98,7 +98,7 @@ class JobView:
     rack_of: Mapping[NodeName, str]  # node -> rack (topology key value)
     supernode_of: Mapping[NodeName, str]  # node -> SuperNode name
     levels: tuple[Level, ...] = ALL_LEVELS  # spec.recovery.levels: the allowed ones
-    recoveries: int = 0  # len(status.recoveries) so far
+    recoveries: int = 0  # status.recoveryCount: recoveries so far
     max_recoveries: int = 10  # spec.recovery.maxRecoveries
 
     def ranks_on(self, node: NodeName) -> frozenset[Rank]:

@@ -10,9 +10,9 @@ affinity, group size), timeshare (windows, elasticity, priority) and the recover
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import ConfigDict, Field
+from pydantic import BeforeValidator, ConfigDict, Field
 
 from matrixpool import api
 from matrixpool.api import common
@@ -25,6 +25,13 @@ SHORT_NAMES = ("tj",)
 DEFAULT_PRIORITY = 100
 MAX_PRIORITY = 1_000_000_000  # as for PriorityClass values
 URI = r"^[a-zA-Z][a-zA-Z0-9+.-]*://.+$"  # scheme://rest, e.g. file:///mnt/ckpt or s3://b/k
+# Ranks of one job: the bound of spec.replicas and of every per-rank list and map in status
+# (a recovery plan names every rank for Reschedule). No CEL rule reads those lists, so their
+# size costs the API server's CEL budget nothing.
+MAX_RANKS = 1_000_000
+# status.recoveries keeps the newest this many entries (status.recoveryCount counts them all),
+# so that a long run never outgrows the API server's object size limit.
+KEPT_RECOVERIES = 20
 
 
 class SuperNodeAffinity(StrEnum):
@@ -145,9 +152,11 @@ class TrainingJobSpec(common.ApiModel):
 
     super_node: common.DnsSubdomain | None = None
     """SuperNode to run on; absent: any SuperNode that fits."""
-    replicas: int = Field(ge=1, le=1_000_000)
+    replicas: int = Field(ge=1, le=MAX_RANKS)
     """Pods (ranks) of the gang."""
-    min_replicas: int = Field(default_factory=lambda data: data.get("replicas", 1), ge=1)
+    min_replicas: int = Field(
+        default_factory=lambda data: data.get("replicas", 1), ge=1, le=MAX_RANKS
+    )
     """Elastic floor: the job may shrink (data-parallel) down to this; default replicas."""
     cards_per_replica: int = Field(ge=1, le=64)
     """Cards per pod, all on one node."""
@@ -254,6 +263,9 @@ class CheckpointSteps(common.ApiModel):
     """Newest step in persistent storage."""
 
 
+Rank = Annotated[int, Field(ge=0, le=MAX_RANKS - 1)]  # a rank of a gang, 0..replicas-1
+
+
 class RecoveryRecord(common.ApiModel):
     """One recovery from a fault."""
 
@@ -272,9 +284,9 @@ class RecoveryRecord(common.ApiModel):
     recovered_at: datetime | None = None
     """When every rank ran again; absent while recovering."""
 
-    ranks: list[int] = Field(default_factory=list, max_length=4096)
+    ranks: list[Rank] = Field(default_factory=list, max_length=MAX_RANKS)
     """Ranks restarted or moved (every rank for Reschedule)."""
-    moves: dict[str, str] = Field(default_factory=dict)
+    moves: dict[str, str] = Field(default_factory=dict, max_length=MAX_RANKS)
     """SpareSwap: failed node -> spare node."""
 
     @property
@@ -286,14 +298,20 @@ class RecoveryInProgress(RecoveryRecord):
     """The recovery being carried out: written before the first pod is touched, so that an
     operator killed halfway is followed by one that finishes it (once)."""
 
-    targets: dict[str, str] = Field(default_factory=dict)
+    targets: dict[str, str] = Field(default_factory=dict, max_length=MAX_RANKS)
     """Rank -> node it restarts on (InPlace: its own; SpareSwap: the spare)."""
-    cards: dict[str, str] = Field(default_factory=dict)
+    cards: dict[str, str] = Field(default_factory=dict, max_length=MAX_RANKS)
     """Rank -> its cards on the target node, "0,1,2,3"."""
-    restore: dict[str, str] = Field(default_factory=dict)
+    restore: dict[str, str] = Field(default_factory=dict, max_length=MAX_RANKS)
     """Rank -> the matrixpool.dev/restore annotation it gets ("*": every rank)."""
-    pinned: list[str] = Field(default_factory=list, max_length=100000)
+    pinned: list[str] = Field(default_factory=list, max_length=MAX_RANKS)
     """Daemons asked to keep the restored step until every rank reloaded it."""
+
+
+def _newest(entries: Any) -> Any:
+    """An object written before status.recoveries was bounded may list more: the newest
+    KEPT_RECOVERIES are read."""
+    return entries[-KEPT_RECOVERIES:] if isinstance(entries, list) else entries
 
 
 class TrainingJobStatus(common.ApiModel):
@@ -311,8 +329,12 @@ class TrainingJobStatus(common.ApiModel):
     """Where the gang is bound."""
     checkpoints: CheckpointSteps = Field(default_factory=CheckpointSteps)
     """Newest complete checkpoint step per tier."""
-    recoveries: list[RecoveryRecord] = Field(default_factory=list)
-    """Recoveries so far, oldest first."""
+    recoveries: Annotated[list[RecoveryRecord], BeforeValidator(_newest)] = Field(
+        default_factory=list, max_length=KEPT_RECOVERIES
+    )
+    """The newest recoveries (at most 20), oldest first."""
+    recovery_count: common.Count = 0
+    """Recoveries in all, listed or not; spec.recovery.maxRecoveries bounds it."""
     recovering: RecoveryInProgress | None = None
     """The recovery under way, if any."""
     conditions: list[common.Condition] = common.conditions_field()

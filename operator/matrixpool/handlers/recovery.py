@@ -22,8 +22,13 @@ Per TrainingJob whose gang is bound, each loop:
    the whole gang; the scheduler places it again wherever it fits, each new pod told what to
    restore.
 5. **Record**: once every rank runs again, ``status.recoveries[]`` gets the entry (level,
-   cause, restoredStep, lostSteps, detectedAt, recoveredAt), an Event and the metrics.
-``maxRecoveries`` reached, or no level possible: the job goes Failed with the reason.
+   cause, restoredStep, lostSteps, detectedAt, recoveredAt) and keeps the newest
+   :data:`~matrixpool.api.trainingjob.KEPT_RECOVERIES`; ``status.recoveryCount`` counts them
+   all. An Event and the metrics follow.
+``maxRecoveries`` reached (by ``recoveryCount``), or no level possible: the job goes Failed
+with the reason. A step that raises is tried again after an exponential backoff per job
+(:data:`BACKOFF_FIRST` doubling up to :data:`BACKOFF_MAX`, a ``RecoveryBackoff`` Event each
+time), reset by the next step that succeeds.
 
 Also keeps ``status.checkpoints`` (newest step committed for every rank, per tier) fresh,
 every :data:`POLL_SECONDS`.
@@ -61,6 +66,8 @@ SETTLE_SECONDS = 1.0  # node losses seen within this long of the first are decid
 PAUSE_VARIABLE = "MATRIXPOOL_RECOVERY_PAUSE_SECONDS"  # test knob: stop after writing the plan
 UNREACHABLE_AFTER = 2.0  # seconds a daemon must stay silent (about 4 probes) to count as lost
 POLL_SECONDS = 2.0  # status.checkpoints refresh period per running job
+BACKOFF_FIRST = 1.0  # seconds before a failed recovery step of a job is tried again ...
+BACKOFF_MAX = 300.0  # ... doubling with each failure in a row, up to this
 
 
 @dataclass
@@ -76,6 +83,8 @@ class State:
     # job → when its first fault showed (monotonic, for the settle window; wall, detectedAt)
     first_seen: dict[str, tuple[float, datetime.datetime]] = field(default_factory=dict)
     deferred: dict[str, float] = field(default_factory=dict)  # job → when it may be tried again
+    # job UID → (failed steps in a row, monotonic time before which it is not tried again)
+    backoff: dict[str, tuple[int, float]] = field(default_factory=dict)
 
     def unreachable(self, now: float) -> frozenset[str]:
         return frozenset(n for n, t in self.silent_since.items() if now - t >= UNREACHABLE_AFTER)
@@ -84,6 +93,22 @@ class State:
         """Daemons that did not answer an inventory request: unreachable at once."""
         for node in nodes:
             self.silent_since[node] = min(self.silent_since.get(node, now), now - UNREACHABLE_AFTER)
+
+    def failed(self, uid: str, now: float) -> float:
+        """One more failed step of job ``uid``: the seconds it now waits."""
+        failures = self.backoff.get(uid, (0, now))[0] + 1
+        delay = backoff_delay(failures)
+        self.backoff[uid] = (failures, now + delay)
+        return delay
+
+    def backing_off(self, uid: str, now: float) -> bool:
+        return self.backoff.get(uid, (0, float("-inf")))[1] > now
+
+    def forget_gone(self, uids: Iterable[str]) -> None:
+        """Drop the backoff of jobs that no longer exist (a re-created job starts afresh)."""
+        alive = set(uids)
+        for uid in [u for u in self.backoff if u not in alive]:
+            del self.backoff[uid]
 
 
 STATE = State()
@@ -99,28 +124,66 @@ async def run(world: scheduler.World) -> None:
     await probe(world)
     nodes: dict[str, inventory.NodeInfo] = {n.name: n for n in world.nodes}
     lost = unreachable()
+    STATE.forget_gone(w.uid for w in world.workloads)
     for workload in world.workloads:
         if not isinstance(workload.model, trainingjob.TrainingJob):
             continue
         if scheduler.failed_reason(workload) is not None:
             continue
-        facts = world.pods.get(workload.key, [])
+        if STATE.backing_off(workload.uid, clock.SYSTEM.monotonic()):
+            continue
         try:
-            recovery = scheduler.recovery_of(workload)
-            if recovery:
-                await carry_out(workload, recovery, facts, nodes, lost)
-                continue
-            faults = detect(world_size(workload), facts, nodes, lost, workload, world.stale)
-            if not faults:
-                STATE.first_seen.pop(workload.key, None)
-                await poll_checkpoints(workload, facts, nodes)
-            elif STATE.deferred.get(workload.key, 0.0) > clock.SYSTEM.monotonic():
-                continue  # a recovery that was impossible, retried later
-            elif settled(workload.key, faults):
-                _, detected = STATE.first_seen.pop(workload.key)
-                await start(workload, faults, world, lost, detected)
-        except Exception:  # one job's trouble must not stop the others' recoveries
-            log.exception("recovery step failed; retrying", job=workload.key)
+            done = await step(workload, world, nodes, lost)
+        except Exception as error:  # one job's trouble must not stop the others' recoveries
+            back_off(workload, error)
+        else:
+            if done:
+                STATE.backoff.pop(workload.uid, None)
+
+
+async def step(
+    workload: Workload,
+    world: scheduler.World,
+    nodes: Mapping[str, inventory.NodeInfo],
+    lost: frozenset[str],
+) -> bool:
+    """Detect, decide or carry out for one job; False when nothing was tried (a recovery
+    deferred, or faults still settling)."""
+    facts = world.pods.get(workload.key, [])
+    recovery = scheduler.recovery_of(workload)
+    if recovery:
+        await carry_out(workload, recovery, facts, nodes, lost)
+        return True
+    faults = detect(world_size(workload), facts, nodes, lost, workload, world.stale)
+    if not faults:
+        STATE.first_seen.pop(workload.key, None)
+        await poll_checkpoints(workload, facts, nodes)
+        return True
+    if STATE.deferred.get(workload.key, 0.0) > clock.SYSTEM.monotonic():
+        return False  # a recovery that was impossible, retried later
+    if not settled(workload.key, faults):
+        return False
+    _, detected = STATE.first_seen.pop(workload.key)
+    await start(workload, faults, world, lost, detected)
+    return True
+
+
+def backoff_delay(failures: int) -> float:
+    """Seconds to wait after ``failures`` failed steps in a row: BACKOFF_FIRST, doubling with
+    each failure, at most BACKOFF_MAX."""
+    return float(min(BACKOFF_FIRST * 2 ** min(failures - 1, 32), BACKOFF_MAX))
+
+
+def back_off(workload: Workload, error: Exception) -> None:
+    """A step of ``workload`` failed: wait before trying it again, and say so."""
+    delay = STATE.failed(workload.uid, clock.SYSTEM.monotonic())
+    log.exception("recovery step failed; backing off", job=workload.key, delay=delay)
+    _event(
+        workload,
+        "Warning",
+        "RecoveryBackoff",
+        f"recovery step failed ({type(error).__name__}: {error}); trying again in {delay:.0f} s",
+    )
 
 
 # ---- node leases ----------------------------------------------------------------------------
@@ -297,7 +360,7 @@ async def start(
         },
         supernode_of={policy.NodeName(n): s for n, s in supernode_of.items()},
         levels=tuple(policy.Level(level.value) for level in spec.recovery.levels),
-        recoveries=len(workload.status.get("recoveries") or []),
+        recoveries=recovery_count(workload.status),
         max_recoveries=spec.recovery.max_recoveries,
     )
     gone = {str(f.node) for f in faults if f.kind in policy.NODE_LOSSES} | set(lost)
@@ -426,7 +489,7 @@ def plan_record(
     detected: datetime.datetime,
 ) -> dict[str, Any]:
     """status.recovering for ``plan``: everything needed to finish it after a crash."""
-    count = len(workload.status.get("recoveries") or []) + 1
+    count = recovery_count(workload.status) + 1
     recovery_id = f"r{count}-{uuid.uuid4().hex[:6]}"
     incarnation = checkpoints.new_incarnation(found, clock.SYSTEM.now())
     written_by = found.incarnation_of(plan.restored_step)
@@ -525,14 +588,12 @@ async def finish(workload: Workload, recovery: Mapping[str, Any]) -> None:
     record = {
         k: v for k, v in recovery.items() if k not in ("targets", "cards", "restore", "pinned")
     } | {"recoveredAt": recovered.isoformat().replace("+00:00", "Z")}
-    history = [dict(r) for r in workload.status.get("recoveries") or []]
-    if recovery["id"] not in STATE.recorded and all(r.get("id") != recovery["id"] for r in history):
-        history.append(record)
+    seen = recovery["id"] in STATE.recorded
     await k8s_status.patch_status(
         trainingjob.PLURAL,
         workload.namespace,
         workload.name,
-        {"recoveries": history, "recovering": None},
+        recorded(workload.status, record, seen=seen) | {"recovering": None},
     )
     STATE.recorded.add(str(recovery["id"]))
     scheduler.MEMORY.recovering[workload.key] = None
@@ -575,6 +636,26 @@ async def fail(workload: Workload, failed: policy.Failed, detected: datetime.dat
     metrics.RECOVERY_FAILURES.labels(failed.code).inc()
     _event(workload, "Warning", failed.code, failed.reason)
     log.warning("job failed", job=workload.key, reason=failed.code, message=failed.reason)
+
+
+def recorded(
+    status: Mapping[str, Any], record: Mapping[str, Any], *, seen: bool = False
+) -> dict[str, Any]:
+    """status.recoveries with ``record`` appended (unless ``seen`` or listed already), trimmed
+    to the newest KEPT_RECOVERIES, and status.recoveryCount counting it."""
+    history = [dict(r) for r in status.get("recoveries") or []]
+    count = recovery_count(status)
+    if not seen and all(r.get("id") != record["id"] for r in history):
+        history.append(dict(record))
+        count += 1
+    return {"recoveries": history[-trainingjob.KEPT_RECOVERIES :], "recoveryCount": count}
+
+
+def recovery_count(status: Mapping[str, Any]) -> int:
+    """Recoveries so far: status.recoveryCount (or, for an object written before it existed,
+    the length of status.recoveries)."""
+    listed = len(status.get("recoveries") or [])
+    return max(int(status.get("recoveryCount") or 0), listed)
 
 
 # ---- status.checkpoints ----------------------------------------------------------------------
