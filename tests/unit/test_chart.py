@@ -86,32 +86,82 @@ def rules_by_resource(role: Manifest) -> dict[tuple[str, str], set[str]]:
 
 
 READ = {"get", "list", "watch"}
-# What the operator calls on the API, and nothing more.
-EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
-    **{
-        ("matrixpool.dev", r): READ | {"patch", "update"}
-        for r in ("supernodes", "trainingjobs", "inferenceservices")
-    },
-    **{
-        ("matrixpool.dev", f"{r}/status"): {"get", "patch", "update"}
-        for r in ("supernodes", "trainingjobs", "inferenceservices")
-    },
-    **{
-        ("matrixpool.dev", f"{r}/finalizers"): {"update"}
-        for r in ("supernodes", "trainingjobs", "inferenceservices")
-    },
-    ("", "nodes"): READ | {"patch"},
-    ("", "pods"): READ | {"create", "delete", "patch"},
-    ("", "pods/binding"): {"create"},
-    ("", "pods/eviction"): {"create"},
-    ("", "pods/status"): {"patch"},
-    ("", "events"): {"create", "patch"},
-    ("events.k8s.io", "events"): {"create", "patch"},
-    ("", "configmaps"): READ | {"create", "update", "patch", "delete"},
-    ("coordination.k8s.io", "leases"): READ,
-    ("apiextensions.k8s.io", "customresourcedefinitions"): READ,
-    ("", "namespaces"): READ,
-}
+Rules = dict[tuple[str, str], set[str]]
+# The code that runs in the operator process and talks to the API (devcluster and the kubectl
+# plugin run with the user's own credentials).
+OPERATOR_CODE = ("k8s", "handlers", "runner.py")
+ANCHOR_CODE = "k8s/anchor.py"  # writes only the anchor ConfigMap, in the operator's namespace
+API_CALL = re.compile(r"\.(?:core|custom|coordination|extensions)\.(\w+)\(")
+METHOD = re.compile(r"^(create|patch|delete|replace|read|list)_(namespaced_|cluster_)?(\w+)$")
+VERB = {"create": "create", "patch": "patch", "delete": "delete", "replace": "update"}
+VERB |= {"read": "get", "list": "list"}
+CORE = {"pod": "pods", "pod_binding": "pods/binding", "config_map": "configmaps", "node": "nodes"}
+
+
+def _add(rules: Rules, group: str, resource: str, *verbs: str) -> None:
+    rules.setdefault((group, resource), set()).update(verbs)
+
+
+def _api_calls(path: Path, rules: Rules) -> None:
+    """The kubernetes-client calls in ``path`` as (group, resource) -> verbs."""
+    from matrixpool.api import crdgen
+
+    for method in API_CALL.findall(path.read_text()):
+        found = METHOD.match(method)
+        assert found, f"{path}: no RBAC mapping for API method {method}"
+        verb, scope, thing = VERB[found[1]], found[2], found[3]
+        if thing.startswith("custom_object"):
+            suffix = thing.removeprefix("custom_object").replace("_", "/")
+            for kind in crdgen.RESOURCES:
+                if kind.namespaced == (scope == "namespaced_"):
+                    _add(rules, "matrixpool.dev", kind.plural + suffix, verb)
+        else:
+            assert thing in CORE, f"{path}: no RBAC mapping for API method {method}"
+            _add(rules, "", CORE[thing], verb)
+
+
+def _kopf_needs(cluster: Rules, anchor: Rules) -> None:
+    """What kopf does on the operator's behalf: list and watch what it indexes or runs daemons
+    for, patch a daemon's object (finalizer, progress annotations: the anchor), post Events,
+    follow CRDs and namespaces."""
+    import kopf
+
+    from matrixpool.handlers import loop  # noqa: F401 -- registers every handler
+
+    registry = kopf.get_default_registry()
+    for handler in registry._indexing.get_all_handlers():
+        _add(cluster, *_watched(handler.selector), *READ)
+    for daemon in registry._spawning.get_all_handlers():
+        _add(cluster, *_watched(daemon.selector), *READ)
+        _add(anchor, *_watched(daemon.selector), "patch")
+    _add(cluster, "", "events", "create")
+    _add(cluster, "apiextensions.k8s.io", "customresourcedefinitions", *READ)
+    _add(cluster, "", "namespaces", *READ)
+
+
+def _watched(selector: Any) -> tuple[str, str]:
+    """(group, resource) of a kopf handler's selector."""
+    assert selector is not None
+    return selector.group or "", str(selector.any_name)
+
+
+def rules_the_code_uses() -> tuple[Rules, Rules]:
+    """(cluster-wide, operator namespace only) rules, derived from the operator's code."""
+    cluster: Rules = {}
+    anchor: Rules = {}
+    code = ROOT / "operator" / "matrixpool"
+    for part in OPERATOR_CODE:
+        for path in sorted((code / part).glob("*.py")) if (code / part).is_dir() else [code / part]:
+            _api_calls(path, anchor if path == code / ANCHOR_CODE else cluster)
+    _kopf_needs(cluster, anchor)
+    # blockOwnerDeletion on the owner references of pods and ConfigMaps (pods.owner_reference)
+    for plural in ("trainingjobs", "inferenceservices"):
+        _add(cluster, "matrixpool.dev", f"{plural}/finalizers", "update")
+    anchor = {k: v - cluster.get(k, set()) for k, v in anchor.items()}
+    return cluster, {k: v for k, v in anchor.items() if v}
+
+
+EXPECTED_RULES, EXPECTED_NAMESPACE_RULES = rules_the_code_uses()
 PEERING_RULES = {
     ("kopf.dev", "clusterkopfpeerings"): READ | {"patch"},
     ("kopf.dev", "kopfpeerings"): READ | {"patch"},
@@ -226,6 +276,45 @@ def test_cluster_role_grants_exactly_what_the_operator_uses(helm: Helm) -> None:
     assert rules_by_resource(only(helm.render(), "ClusterRole")) == EXPECTED_RULES
 
 
+def test_the_anchor_is_patched_and_deleted_only_in_the_release_namespace(helm: Helm) -> None:
+    manifests = helm.render()
+    role = only(manifests, "Role")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert (
+        rules_by_resource(role)
+        == EXPECTED_NAMESPACE_RULES
+        == {("", "configmaps"): {"patch", "delete"}}
+    )
+    binding = only(manifests, "RoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == only(manifests, "ClusterRoleBinding")["subjects"]
+
+
+def test_the_code_derivation_sees_every_kind_of_call() -> None:
+    """The derived list is not vacuous: binding, status patches and ConfigMaps are in it."""
+    assert EXPECTED_RULES[("", "pods/binding")] == {"create"}
+    assert EXPECTED_RULES[("matrixpool.dev", "trainingjobs/status")] == {"patch"}
+    assert EXPECTED_RULES[("", "configmaps")] == READ | {"create", "update"}
+    assert ("", "pods/eviction") not in EXPECTED_RULES
+    assert ("", "pods/status") not in EXPECTED_RULES
+
+
+def test_the_main_loop_runs_only_on_the_anchor_in_the_operator_namespace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from matrixpool.handlers import loop
+    from matrixpool.k8s import anchor
+
+    monkeypatch.setenv("MATRIXPOOL_NAMESPACE", NAMESPACE)
+    assert loop.is_anchor(name=anchor.NAME, namespace=NAMESPACE)
+    assert not loop.is_anchor(name=anchor.NAME, namespace="someone-else")
+    assert not loop.is_anchor(name="other", namespace=NAMESPACE)
+
+
 def test_cluster_role_has_no_wildcards(helm: Helm) -> None:
     role = only(helm.render("operator.peering.enabled=true"), "ClusterRole")
     for rule in role["rules"]:
@@ -268,7 +357,13 @@ def test_rbac_and_service_account_can_be_left_to_the_cluster_admin(helm: Helm) -
     manifests = helm.render(
         "rbac.create=false", "serviceAccount.create=false", "serviceAccount.name=ops"
     )
-    assert not kinds(manifests) & {"ClusterRole", "ClusterRoleBinding", "ServiceAccount"}
+    assert not kinds(manifests) & {
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "ServiceAccount",
+    }
     pod = only(manifests, "Deployment")["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "ops"
 

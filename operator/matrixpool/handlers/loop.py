@@ -50,7 +50,16 @@ async def release_anchor(settings: kopf.OperatorSettings, **_: Any) -> None:
         await anchor.remove(namespace())
 
 
-@kopf.daemon("", "v1", "configmaps", labels=LABEL, cancellation_timeout=5)  # type: ignore[arg-type]
+def is_anchor(name: str, **kwargs: Any) -> bool:
+    """Only the anchor in the operator's namespace runs the loop (the chart grants patching
+    ConfigMaps there alone): one labelled alike elsewhere, which anyone may create in their
+    own namespace, must not start a second scheduling loop."""
+    return name == anchor.NAME and kwargs.get("namespace") == namespace()
+
+
+@kopf.daemon(  # type: ignore[arg-type]
+    "", "v1", "configmaps", labels=LABEL, when=is_anchor, cancellation_timeout=5
+)
 async def main_loop(
     stopped: kopf.DaemonStopped,
     node_facts: kopf.Index[str, inventory.NodeInfo],
