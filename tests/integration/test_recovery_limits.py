@@ -1,0 +1,134 @@
+"""The TrainingJob CRD on the real kube-apiserver takes what the recovery handler writes for
+large jobs and long runs: a status.recovering plan of 4,097 ranks (past the old 4,096 bound)
+is accepted; status.recoveries holds at most ``KEPT_RECOVERIES`` entries, and the handler's
+trimmed history (newest entries, ``recoveryCount`` counting all) is what the server keeps.
+
+The status is written with ``kubectl patch --subresource=status``, as the operator's merge
+patches are; no operator runs, and the job names a SuperNode that does not exist, so nothing
+else writes its status meanwhile.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from matrixpool import checkpoints
+from matrixpool.api import common, trainingjob
+from matrixpool.handlers import recovery
+from matrixpool.handlers.workloads import Workload
+from matrixpool_recovery import policy
+from tests.integration import framework, manifests
+
+pytestmark = pytest.mark.integration
+
+T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+BIG = 4097
+KEPT = trainingjob.KEPT_RECOVERIES
+
+
+def create_job(cluster: framework.TestCluster, namespace: str, name: str, ranks: int) -> None:
+    job = manifests.training_job(name).replicas(ranks).cards(1).on("no-such-supernode")
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=job.yaml())
+
+
+def patch_status(
+    cluster: framework.TestCluster,
+    namespace: str,
+    name: str,
+    status: dict[str, Any],
+    folder: Path,
+    *,
+    check: bool = True,
+) -> str:
+    """Merge-patch status through the status subresource; the patch goes in a file (it is
+    large). Returns kubectl's stderr."""
+    patch = folder / f"{name}-status.json"
+    patch.write_text(json.dumps({"status": status}))
+    result = cluster.kubectl(
+        "patch", "trainingjob", name, "-n", namespace, "--subresource=status",
+        "--type=merge", f"--patch-file={patch}", check=check,
+    )  # fmt: skip
+    return result.stderr
+
+
+def status_of(cluster: framework.TestCluster, namespace: str, name: str) -> dict[str, Any]:
+    body = json.loads(
+        cluster.kubectl("get", "trainingjob", name, "-n", namespace, "-o", "json").stdout
+    )
+    return dict(body.get("status") or {})
+
+
+def reschedule_plan(namespace: str, name: str, ranks: int) -> dict[str, Any]:
+    """status.recovering of a Reschedule of every rank, built by the recovery handler."""
+    body = {
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"replicas": ranks, "cardsPerReplica": 1},
+    }
+    workload = Workload(
+        kind=trainingjob.KIND, namespace=namespace, name=name, uid="", created="",
+        generation=1, model=trainingjob.parse(body), error=None, status={},
+    )  # fmt: skip
+    view = policy.JobView(
+        key=f"{namespace}/{name}",
+        world_size=ranks,
+        node_of={r: policy.NodeName(f"sn-0-node-{r // 8:02d}") for r in range(ranks)},
+        cards_of={},
+        rack_of={},
+        supernode_of={},
+    )
+    plan = policy.Plan(
+        level=policy.Level.RESCHEDULE,
+        cause="NodeDown on sn-0-node-00",
+        ranks=frozenset(range(ranks)),
+        targets={},
+        sources={r: policy.Copy(r, 100, policy.Tier.PERSISTENT, None) for r in range(ranks)},
+        restored_step=100,
+        lost_steps=3,
+        reason="the whole job is placed again",
+    )
+    return recovery.plan_record(workload, plan, view, checkpoints.Inventory(), T0)
+
+
+def entry(i: int) -> dict[str, Any]:
+    record = trainingjob.RecoveryRecord(
+        id=f"r{i}",
+        level=trainingjob.RecoveryLevel.IN_PLACE,
+        cause="PodFailed",
+        restored_step=i,
+        detected_at=T0,
+        recovered_at=T0 + datetime.timedelta(seconds=2),
+    )
+    return common.to_wire(record)
+
+
+def test_a_4097_rank_recovering_plan_is_accepted(
+    cluster: framework.TestCluster, namespace: str, tmp_path: Path
+) -> None:
+    create_job(cluster, namespace, "big", BIG)
+    plan = reschedule_plan(namespace, "big", BIG)
+    patch_status(cluster, namespace, "big", {"phase": "Recovering", "recovering": plan}, tmp_path)
+    stored = status_of(cluster, namespace, "big")["recovering"]
+    assert stored["ranks"] == list(range(BIG))
+    assert len(stored["restore"]) == BIG
+    assert trainingjob.parse_status({"recovering": stored}).recovering is not None
+
+
+def test_more_recoveries_than_kept_are_rejected_and_the_trimmed_history_is_kept(
+    cluster: framework.TestCluster, namespace: str, tmp_path: Path
+) -> None:
+    create_job(cluster, namespace, "long", 4)
+    overlong = {"recoveries": [entry(i) for i in range(KEPT + 1)]}
+    error = patch_status(cluster, namespace, "long", overlong, tmp_path, check=False)
+    assert f"must have at most {KEPT} items" in error, error
+    full = {"recoveries": [entry(i) for i in range(KEPT)], "recoveryCount": 57}
+    patch_status(cluster, namespace, "long", full, tmp_path)
+    next_one = recovery.recorded(status_of(cluster, namespace, "long"), entry(KEPT))
+    patch_status(cluster, namespace, "long", next_one, tmp_path)
+    stored = status_of(cluster, namespace, "long")
+    assert [r["id"] for r in stored["recoveries"]] == [f"r{i}" for i in range(1, KEPT + 1)]
+    assert stored["recoveryCount"] == 58
