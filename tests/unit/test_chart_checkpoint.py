@@ -126,6 +126,19 @@ def test_the_operator_gets_no_checkpoint_secret_without_the_daemons(helm: chart.
     assert operator_secret(helm.render()) is None
 
 
+def test_the_token_secret_is_kept_by_helm_and_not_regenerated_on_upgrade() -> None:
+    """Rendered once, kept on uninstall (resource-policy keep); its value is reused through
+    lookup (which `helm template` cannot do: GitOps users name an existing Secret)."""
+    text = (chart.CHART / "templates" / "checkpoint-daemonset.yaml").read_text()
+    assert 'lookup "v1" "Secret" .Release.Namespace $name' in text
+    assert '$token = index $previous.data "token"' in text
+
+
+def test_the_token_secret_carries_the_keep_policy(helm: chart.Helm) -> None:
+    secret = chart.only(helm.render(ENABLED), "Secret")
+    assert secret["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+
+
 def test_an_existing_secret_is_used_as_it_is(helm: chart.Helm) -> None:
     manifests = helm.render(ENABLED, "checkpointDaemon.token.existingSecret=ckpt-token")
     assert "Secret" not in chart.kinds(manifests)
@@ -176,7 +189,12 @@ def test_the_chart_rejects(helm: chart.Helm, value: str, message: str) -> None:
 def test_every_checkpoint_daemon_value_has_a_comment_above_it() -> None:
     text = (chart.CHART / "values.yaml").read_text()
     lines = text.splitlines()
-    groups = {"checkpointDaemon.image", "checkpointDaemon.token", "checkpointDaemon.podMonitor"}
+    groups = {
+        "checkpointDaemon.image",
+        "checkpointDaemon.token",
+        "checkpointDaemon.podMonitor",
+        "checkpointDaemon.networkPolicy",
+    }
     for path, number in chart.key_lines(text).items():
         parts = path.split(".")
         if parts[0] != "checkpointDaemon" or len(parts) > 3 or path in groups:
@@ -232,3 +250,49 @@ def test_helm_lint_strict_passes_with_the_pod_monitor_on(helm: chart.Helm) -> No
         "checkpointDaemon.podMonitor.enabled=true",
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- who reaches the daemon port ------------------------------------------------------------------
+def network_policy(manifests: list[Manifest]) -> Manifest:
+    return chart.only(manifests, "NetworkPolicy")
+
+
+def test_a_network_policy_guards_the_daemon_port_by_default(helm: chart.Helm) -> None:
+    manifests = helm.render(ENABLED)
+    policy = network_policy(manifests)["spec"]
+    pod_labels = daemonset(manifests)["spec"]["template"]["metadata"]["labels"]
+    assert policy["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert policy["policyTypes"] == ["Ingress"]
+    [rule] = policy["ingress"]
+    assert rule["ports"] == [{"port": 7040, "protocol": "TCP"}]
+
+
+def test_only_the_operator_gang_pods_and_other_daemons_may_connect(helm: chart.Helm) -> None:
+    manifests = helm.render(ENABLED)
+    [rule] = network_policy(manifests)["spec"]["ingress"]
+    operator_labels = chart.only(manifests, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    daemon_labels = daemonset(manifests)["spec"]["template"]["metadata"]["labels"]
+    operator, gangs, daemons = rule["from"]
+    assert operator.keys() == {"podSelector"}  # the release namespace only
+    assert operator["podSelector"]["matchLabels"].items() <= operator_labels.items()
+    assert gangs == {
+        "namespaceSelector": {},
+        "podSelector": {"matchExpressions": [{"key": "matrixpool.dev/job", "operator": "Exists"}]},
+    }
+    assert daemons["podSelector"]["matchLabels"].items() <= daemon_labels.items()
+    assert not operator["podSelector"]["matchLabels"].items() <= daemon_labels.items()
+
+
+def test_further_sources_are_added_from_the_values(helm: chart.Helm) -> None:
+    manifests = helm.render(
+        ENABLED, "checkpointDaemon.networkPolicy.extraFrom[0].ipBlock.cidr=10.0.0.0/16"
+    )
+    [rule] = network_policy(manifests)["spec"]["ingress"]
+    assert rule["from"][-1] == {"ipBlock": {"cidr": "10.0.0.0/16"}}
+    assert len(rule["from"]) == 4
+
+
+def test_the_network_policy_can_be_turned_off_and_needs_the_daemons(helm: chart.Helm) -> None:
+    off = helm.render(ENABLED, "checkpointDaemon.networkPolicy.enabled=false")
+    assert "NetworkPolicy" not in chart.kinds(off)
+    assert "NetworkPolicy" not in chart.kinds(helm.render())
