@@ -32,6 +32,9 @@ OWNER_LABEL = "app.kubernetes.io/managed-by"
 OWNER_ANNOTATIONS = ("meta.helm.sh/release-name", "meta.helm.sh/release-namespace")
 # The operator is never pulled: kwok runs its pod without an image.
 IMAGE = ("image.repository=matrixpool", "image.tag=integration-test")
+# The session's cluster has the pod-annotations policy already, allowing the operator the other
+# tests run (the admin user); a release's own policy would deny that user cluster-wide.
+SETS = (*IMAGE, "podAnnotationsPolicy.enabled=false")
 
 
 def get_json(cluster: framework.TestCluster, *args: str) -> dict[str, Any]:
@@ -43,7 +46,7 @@ def exists(cluster: framework.TestCluster, *args: str) -> bool:
 
 
 def set_args(*sets: str) -> list[str]:
-    return [arg for value in (*IMAGE, *sets) for arg in ("--set", value)]
+    return [arg for value in (*SETS, *sets) for arg in ("--set", value)]
 
 
 def forget(cluster: framework.TestCluster, release: str, namespace: str) -> None:

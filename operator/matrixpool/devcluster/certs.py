@@ -20,6 +20,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from matrixpool import clock
 
 VALIDITY = datetime.timedelta(days=365)
+# The user name of the admin certificate: whoever uses the kubeconfig, the operator included.
+ADMIN_USER = "matrixpool-admin"
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,7 @@ def ensure(folder: Path) -> PKI:
         ca_cert,
         ca_key,
         start,
-        "matrixpool-admin",
+        ADMIN_USER,
         ["system:masters"],
         ExtendedKeyUsageOID.CLIENT_AUTH,
         server=False,

@@ -35,6 +35,10 @@ from matrixpool.devcluster import binaries, certs, topology
 # The order in which processes start; stopped in reverse.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 STAGES_FILE = Path(__file__).with_name("kwok-stages.yaml")
+# The chart's ValidatingAdmissionPolicy keeping matrixpool.dev/* pod annotations the
+# operator's, rendered by helm for this cluster: its operator runs as the admin certificate.
+POLICY_TEMPLATE = "templates/pod-annotations-policy.yaml"
+POLICY_NAMESPACE = "matrixpool-system"  # the release namespace the template is rendered for
 DEFAULT_ROOT = Path(os.environ.get("MATRIXPOOL_CACHE", Path.home() / ".cache" / "matrixpool"))
 SERVICE_CIDR = "10.96.0.0/16"
 
@@ -85,7 +89,7 @@ class Cluster:
         """Start the control plane (or keep a healthy running one) and create the nodes.
 
         Phases: 1 binaries, 2 PKI, 3 etcd, 4 kube-apiserver, 5 controllers and kwok,
-        6 CRDs, 7 nodes; each reports its duration.
+        6 the pod-annotations admission policy, 7 CRDs, 8 nodes; each reports its duration.
         """
         started = clock.SYSTEM.monotonic()
         if self.running():
@@ -105,6 +109,7 @@ class Cluster:
             "controller-manager, scheduler, kwok",
             lambda: self._start_controllers(bin_dir, ports, pki),
         )
+        self._phase("admission policy", lambda: apply_admission_policy(self, bin_dir))
         if crds is not None:
             self._phase("CRDs", lambda: apply_crds(self, crds))
         self._ensure_nodes(shape)
@@ -118,7 +123,7 @@ class Cluster:
             if pid:
                 _terminate(int(pid))
         if self.folder.exists():
-            for child in ("etcd-data", "state.json", "kubeconfig", "logs", "pki", "config"):
+            for child in ("etcd-data", "state.json", "kubeconfig", "logs", "pki", "config", "helm"):
                 _remove(self.folder / child)
         if not quiet:
             self._say(f"cluster in {self.folder} is down")
@@ -219,6 +224,8 @@ class Cluster:
                 f"--service-account-signing-key-file={pki.sa_key}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--authorization-mode=Node,RBAC",
+                # On by default since 1.30; named so that the pod-annotations policy holds.
+                "--enable-admission-plugins=ValidatingAdmissionPolicy",
                 "--allow-privileged=true",
                 "--enable-priority-and-fairness=false",
                 "--max-requests-inflight=2000",
@@ -398,6 +405,39 @@ def apply_crds(cluster: Cluster, folder: Path) -> None:
     kubectl(
         cluster, "wait", "--for=condition=Established", "--timeout=60s", *(f"-f={f}" for f in files)
     )
+
+
+def admission_policy(bin_dir: Path, folder: Path) -> str:
+    """The chart's pod-annotations ValidatingAdmissionPolicy and binding, rendered by helm with
+    the admin certificate's user (the dev operator's identity) among the allowed writers."""
+    chart = binaries.repo_root() / "charts" / "matrixpool"
+    homes = {
+        f"HELM_{k}_HOME": str(folder / "helm" / k.lower()) for k in ("CACHE", "CONFIG", "DATA")
+    }
+    result = subprocess.run(
+        [
+            str(bin_dir / "helm"),
+            "template",
+            "matrixpool",
+            str(chart),
+            f"--namespace={POLICY_NAMESPACE}",
+            f"--show-only={POLICY_TEMPLATE}",
+            f"--set-json=podAnnotationsPolicy.extraUsernames={json.dumps([certs.ADMIN_USER])}",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **homes},
+        check=False,
+    )
+    if result.returncode != 0:
+        raise ClusterError(f"helm could not render {POLICY_TEMPLATE}: {result.stderr.strip()}")
+    return result.stdout
+
+
+def apply_admission_policy(cluster: Cluster, bin_dir: Path) -> None:
+    """Install the pod-annotations policy (server-side apply: a warm start changes nothing)."""
+    rendered = admission_policy(bin_dir, cluster.folder)
+    kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", "-", input=rendered)
 
 
 def kubectl(
