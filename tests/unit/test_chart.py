@@ -516,6 +516,7 @@ VALUE_GROUPS = {
     "operator.peering",
     "serviceAccount",
     "rbac",
+    "podAnnotationsPolicy",
     "crds",
     "metrics",
     "serviceMonitor",
