@@ -121,9 +121,10 @@ def _api_calls(path: Path, rules: Rules) -> None:
 
 
 def _kopf_needs(cluster: Rules, anchor: Rules) -> None:
-    """What kopf does on the operator's behalf: list and watch what it indexes or runs daemons
-    for, patch a daemon's object (finalizer, progress annotations: the anchor), post Events,
-    follow CRDs and namespaces."""
+    """What kopf does on the operator's behalf: list and watch what it indexes, watches or runs
+    handlers for; patch a daemon's object (finalizer, progress annotations: the anchor) and the
+    objects of change handlers (the diff-base annotation); post Events; follow CRDs and
+    namespaces."""
     import kopf
 
     from matrixpool.handlers import loop  # noqa: F401 -- registers every handler
@@ -134,6 +135,10 @@ def _kopf_needs(cluster: Rules, anchor: Rules) -> None:
     for daemon in registry._spawning.get_all_handlers():
         _add(cluster, *_watched(daemon.selector), *READ)
         _add(anchor, *_watched(daemon.selector), "patch")
+    for watcher in registry._watching.get_all_handlers():
+        _add(cluster, *_watched(watcher.selector), *READ)
+    for changer in registry._changing.get_all_handlers():  # kopf patches in its diff-base
+        _add(cluster, *_watched(changer.selector), *READ, "patch")
     _add(cluster, "", "events", "create")
     _add(cluster, "apiextensions.k8s.io", "customresourcedefinitions", *READ)
     _add(cluster, "", "namespaces", *READ)
