@@ -106,16 +106,19 @@ def entry(i: int) -> dict[str, Any]:
     return common.to_wire(record)
 
 
-def test_a_4097_rank_recovering_plan_is_accepted(
-    cluster: framework.TestCluster, namespace: str, tmp_path: Path
+@pytest.mark.parametrize("ranks", [BIG, trainingjob.MAX_RANKS], ids=["4,097", "1,000,000"])
+def test_a_recovering_plan_of_many_ranks_is_accepted(
+    cluster: framework.TestCluster, namespace: str, tmp_path: Path, ranks: int
 ) -> None:
-    create_job(cluster, namespace, "big", BIG)
-    plan = reschedule_plan(namespace, "big", BIG)
+    create_job(cluster, namespace, "big", ranks)
+    plan = reschedule_plan(namespace, "big", ranks)
     patch_status(cluster, namespace, "big", {"phase": "Recovering", "recovering": plan}, tmp_path)
     stored = status_of(cluster, namespace, "big")["recovering"]
-    assert stored["ranks"] == list(range(BIG))
-    assert len(stored["restore"]) == BIG
-    assert trainingjob.parse_status({"recovering": stored}).recovering is not None
+    assert stored["rankCount"] == ranks
+    assert stored["ranks"] == list(range(trainingjob.RANKS_LISTED))
+    parsed = trainingjob.parse_status({"recovering": stored}).recovering
+    assert parsed is not None
+    assert all(trainingjob.restore_for(parsed.restore, r) for r in (0, ranks // 2, ranks - 1))
 
 
 def test_more_recoveries_than_kept_are_rejected_and_the_trimmed_history_is_kept(

@@ -7,6 +7,7 @@ and a job whose recovery step keeps failing backs off exponentially, by UID."""
 from __future__ import annotations
 
 import datetime
+import json
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -112,16 +113,18 @@ def test_replicas_and_every_per_rank_bound_are_the_one_constant() -> None:
     schema = status_schema()["properties"]["recovering"]["properties"]
     spec = crdgen.crd(trainingjob.RESOURCE)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     assert spec["properties"]["spec"]["properties"]["replicas"]["maximum"] == trainingjob.MAX_RANKS
-    assert schema["ranks"]["maxItems"] == trainingjob.MAX_RANKS
+    assert schema["ranks"]["maxItems"] == trainingjob.RANKS_LISTED
+    assert schema["rankCount"]["maximum"] == trainingjob.MAX_RANKS
     for field in ("targets", "cards", "restore", "moves"):
         assert schema[field]["maxProperties"] == trainingjob.MAX_RANKS, field
 
 
 def test_a_4097_rank_recovery_plan_validates_against_the_model_and_the_crd_schema() -> None:
     plan = reschedule_plan(BIG)
-    assert len(plan["ranks"]) == len(plan["restore"]) == BIG
+    assert plan["rankCount"] == BIG
+    assert plan["ranks"] == list(range(trainingjob.RANKS_LISTED))
     parsed = trainingjob.RecoveryInProgress.model_validate(plan)
-    assert parsed.ranks == list(range(BIG))
+    assert all(trainingjob.restore_for(parsed.restore, r) for r in range(BIG))
     status = {"phase": "Recovering", "recovering": plan}
     assert list(violations(status_schema(), status, ".status")) == []
 
@@ -134,18 +137,19 @@ def test_a_job_with_a_4097_rank_plan_in_status_still_parses() -> None:
     }
     job = trainingjob.parse(body)
     assert job.status.recovering is not None
-    assert len(job.status.recovering.ranks) == BIG
+    assert job.status.recovering.rank_count == BIG
 
 
 def test_the_schema_checker_sees_a_plan_past_the_bound() -> None:
     schema = {**status_schema()}
     recovering = schema["properties"]["recovering"]
     ranks = {**recovering["properties"]["ranks"], "maxItems": 10}
+    plan = reschedule_plan(11) | {"ranks": list(range(11))}
     schema["properties"] = {
         **schema["properties"],
         "recovering": {**recovering, "properties": {**recovering["properties"], "ranks": ranks}},
     }
-    found = list(violations(schema, {"recovering": reschedule_plan(11)}, ".status"))
+    found = list(violations(schema, {"recovering": plan}, ".status"))
     assert found == [".status.recovering.ranks: maxItems 10 < 11"]
 
 
@@ -266,3 +270,23 @@ def test_backoff_is_per_uid_and_a_recreated_job_starts_afresh() -> None:
     assert not state.backing_off("new-uid", now=1.5)  # same namespace/name, another object
     state.forget_gone(["new-uid"])
     assert state.backoff == {}
+
+
+def test_a_plan_for_a_million_ranks_stays_far_below_the_api_object_size() -> None:
+    """Ranks that restore the same value share one key: a Reschedule of MAX_RANKS ranks from
+    tier 3 writes one restore entry, not one per rank."""
+    plan = reschedule_plan(trainingjob.MAX_RANKS)
+    assert len(json.dumps(plan)) < 4096
+    assert list(plan["restore"]) == [f"0-{trainingjob.MAX_RANKS - 1}"]
+    value = plan["restore"][f"0-{trainingjob.MAX_RANKS - 1}"]
+    assert trainingjob.restore_for(plan["restore"], trainingjob.MAX_RANKS - 1) == value
+
+
+@pytest.mark.parametrize(
+    ("ranks", "text"),
+    [([], ""), ([3], "3"), ([0, 1, 2, 3, 7], "0-3,7"), ([9, 2, 3, 3], "2-3,9")],
+)
+def test_ranks_are_written_as_ranges(ranks: list[int], text: str) -> None:
+    assert trainingjob.format_ranks(ranks) == text
+    assert all(trainingjob.in_ranks(r, text) for r in ranks)
+    assert not trainingjob.in_ranks(5, text)

@@ -7,7 +7,7 @@ affinity, group size), timeshare (windows, elasticity, priority) and the recover
 (checkpoint tiers, allowed levels). ``parse`` takes the object as kopf or the API hands it over.
 """
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Annotated, Any
@@ -29,6 +29,9 @@ URI = r"^[a-zA-Z][a-zA-Z0-9+.-]*://.+$"  # scheme://rest, e.g. file:///mnt/ckpt 
 # (a recovery plan names every rank for Reschedule). No CEL rule reads those lists, so their
 # size costs the API server's CEL budget nothing.
 MAX_RANKS = 1_000_000
+# A recovery record lists at most this many of its ranks (status.recoveries[].rankCount counts
+# them all): a Reschedule of a large job would otherwise write every rank into every entry.
+RANKS_LISTED = 64
 # status.recoveries keeps the newest this many entries (status.recoveryCount counts them all),
 # so that a long run never outgrows the API server's object size limit.
 KEPT_RECOVERIES = 20
@@ -284,8 +287,11 @@ class RecoveryRecord(common.ApiModel):
     recovered_at: datetime | None = None
     """When every rank ran again; absent while recovering."""
 
-    ranks: list[Rank] = Field(default_factory=list, max_length=MAX_RANKS)
-    """Ranks restarted or moved (every rank for Reschedule)."""
+    ranks: list[Rank] = Field(default_factory=list, max_length=RANKS_LISTED)
+    """Ranks restarted or moved, the lowest RANKS_LISTED of them (every rank for
+    Reschedule: see rankCount)."""
+    rank_count: int | None = Field(default=None, ge=0, le=MAX_RANKS)
+    """How many ranks were restarted or moved; absent on records written before it."""
     moves: dict[str, str] = Field(default_factory=dict, max_length=MAX_RANKS)
     """SpareSwap: failed node -> spare node."""
 
@@ -303,9 +309,43 @@ class RecoveryInProgress(RecoveryRecord):
     cards: dict[str, str] = Field(default_factory=dict, max_length=MAX_RANKS)
     """Rank -> its cards on the target node, "0,1,2,3"."""
     restore: dict[str, str] = Field(default_factory=dict, max_length=MAX_RANKS)
-    """Rank -> the matrixpool.dev/restore annotation it gets ("*": every rank)."""
+    """Ranks -> the matrixpool.dev/restore annotation they get; a key is a rank, a set of
+    ranks and ranges ("0-4095,4100": see ``format_ranks``) or "*" (every rank). Ranks that
+    restore the same value share one key, so a plan stays small however many ranks it has."""
     pinned: list[str] = Field(default_factory=list, max_length=MAX_RANKS)
     """Daemons asked to keep the restored step until every rank reloaded it."""
+
+
+def format_ranks(ranks: Iterable[int]) -> str:
+    """Ranks as ascending ranges: [0, 1, 2, 3, 7] -> "0-3,7"."""
+    parts: list[str] = []
+    ordered = sorted(set(ranks))
+    start = 0
+    for index, rank in enumerate(ordered):
+        if index + 1 == len(ordered) or ordered[index + 1] != rank + 1:
+            first = ordered[start]
+            parts.append(str(first) if first == rank else f"{first}-{rank}")
+            start = index + 1
+    return ",".join(parts)
+
+
+def in_ranks(rank: int, key: str) -> bool:
+    """Whether ``key`` (a rank, "a-b" ranges joined by ",", or "*") names ``rank``."""
+    if key == "*":
+        return True
+    for part in key.split(","):
+        first, _, last = part.partition("-")
+        if first.isdigit() and int(first) <= rank <= int(last or first):
+            return True
+    return False
+
+
+def restore_for(restore: Mapping[str, str], rank: int) -> str | None:
+    """The restore annotation a recovery plan gives ``rank`` (None: not named)."""
+    exact = restore.get(str(rank))
+    if exact is not None:
+        return exact
+    return next((value for key, value in restore.items() if in_ranks(rank, key)), None)
 
 
 def _newest(entries: Any) -> Any:

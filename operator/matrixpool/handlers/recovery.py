@@ -439,7 +439,8 @@ async def start(
         job=workload.key,
         level=outcome.level.value,
         cause=outcome.cause,
-        ranks=sorted(outcome.ranks),
+        ranks=sorted(outcome.ranks)[: trainingjob.RANKS_LISTED],
+        rank_count=len(outcome.ranks),
         targets={str(r): n for r, n in outcome.targets.items()},
         restored_step=outcome.restored_step,
         lost_steps=outcome.lost_steps,
@@ -497,7 +498,7 @@ def plan_record(
         targets: dict[str, str] = {}
     else:
         targets = {str(r): plan.targets.get(r, view.node_of[r]) for r in sorted(plan.ranks)}
-    restore = {}
+    by_value: dict[str, list[int]] = {}  # restore annotation -> the ranks that get it
     for rank in range(view.world_size):
         source = plan.sources[rank]
         if plan.level == policy.Level.RESCHEDULE:
@@ -506,13 +507,15 @@ def plan_record(
             home = targets.get(str(rank)) or view.node_of.get(rank)
         held_by = source.node if source.node and source.node != home else None
         endpoint = found.endpoints.get(held_by or "", "")
-        restore[str(rank)] = checkpoints.restore_value(
+        value = checkpoints.restore_value(
             plan.restored_step,
             [endpoint] if endpoint else [],
             recovery_id,
             incarnation=incarnation,
             of=written_by,
         )
+        by_value.setdefault(value, []).append(rank)
+    restore = {trainingjob.format_ranks(ranks): value for value, ranks in by_value.items()}
     record = trainingjob.RecoveryInProgress(
         id=recovery_id,
         level=trainingjob.RecoveryLevel(plan.level.value),
@@ -520,7 +523,8 @@ def plan_record(
         restored_step=plan.restored_step,
         lost_steps=plan.lost_steps,
         detected_at=detected,
-        ranks=sorted(plan.ranks),
+        ranks=sorted(plan.ranks)[: trainingjob.RANKS_LISTED],
+        rank_count=len(plan.ranks),
         moves={view.node_of[r]: n for r, n in plan.targets.items()},
         targets=targets,
         cards={r: labels.format_cards(view.cards_of[int(r)]) for r in targets},
@@ -555,8 +559,8 @@ async def carry_out(
         if (reschedule or moved) and not mine:
             dead = pod.phase == "Failed" or pod.node in lost or _down(nodes, pod.node)
             (doomed_now if dead else doomed).append((pod.namespace, pod.name))
-        elif not mine and str(pod.rank) in restore:
-            reload[(pod.namespace, pod.name)] = restore[str(pod.rank)]
+        elif not mine and (value := trainingjob.restore_for(restore, pod.rank)) is not None:
+            reload[(pod.namespace, pod.name)] = value
     if doomed_now:
         await pods.delete(doomed_now, grace_seconds=0)
     if doomed:

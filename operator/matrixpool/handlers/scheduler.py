@@ -617,7 +617,7 @@ def pin(pod: dict[str, Any], recovery: Mapping[str, Any] | None) -> dict[str, An
         return pod
     rank = pod["metadata"]["labels"][labels.RANK]
     annotations = pod["metadata"].setdefault("annotations", {})
-    restore = (recovery.get("restore") or {}).get(rank) or (recovery.get("restore") or {}).get("*")
+    restore = trainingjob.restore_for(recovery.get("restore") or {}, int(rank))
     if restore:
         annotations[labels.RESTORE] = restore
     node = (recovery.get("targets") or {}).get(rank)

@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from matrixpool.api import trainingjob
 from matrixpool.plugin import report
 from matrixpool.plugin.report import Owner
 
@@ -103,7 +104,7 @@ def recoveries_text(job: str, rows: Sequence[report.RecoveryRow]) -> str:
         (*headers, "DETECTED", "RECOVERED", "TOOK", "CAUSE"),
         (
             (
-                *(i, r.id, r.level, r.restored_step, r.lost_steps, _ranks(r.ranks)),
+                *(i, r.id, r.level, r.restored_step, r.lost_steps, _ranks(r.ranks, r.rank_count)),
                 ",".join(f"{a}->{b}" for a, b in r.moves),
                 *(r.detected_at.isoformat(), _when(r), _took(r), r.cause),
             )
@@ -112,15 +113,11 @@ def recoveries_text(job: str, rows: Sequence[report.RecoveryRow]) -> str:
     )
 
 
-def _ranks(ranks: Sequence[int]) -> str:
-    """Ranks as ranges: 0-3,7."""
-    spans: list[list[int]] = []
-    for rank in sorted(ranks):
-        if spans and rank == spans[-1][1] + 1:
-            spans[-1][1] = rank
-        else:
-            spans.append([rank, rank])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+def _ranks(ranks: Sequence[int], count: int | None = None) -> str:
+    """Ranks as ranges: 0-3,7; "(+N)" when the record lists only the lowest of them."""
+    listed = trainingjob.format_ranks(ranks)
+    more = (count or 0) - len(set(ranks))
+    return f"{listed} (+{more})" if more > 0 else listed
 
 
 def _when(row: report.RecoveryRow) -> str:

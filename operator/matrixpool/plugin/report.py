@@ -115,6 +115,7 @@ class RecoveryRow:
     id: str = ""  # the recovery id trainers see in matrixpool.dev/restore
     ranks: tuple[int, ...] = ()  # ranks restarted or moved (all of them for Reschedule)
     moves: tuple[tuple[str, str], ...] = ()  # SpareSwap: (failed node, spare node)
+    rank_count: int | None = None  # how many ranks; ``ranks`` lists the lowest of them only
 
     @property
     def seconds(self) -> float | None:
@@ -346,6 +347,7 @@ def recovery_rows(job_body: Obj) -> list[RecoveryRow]:
             recovered_at=r.recovered_at,
             id=r.id,
             ranks=tuple(r.ranks),
+            rank_count=r.rank_count,
             moves=tuple(sorted(r.moves.items())),
         )
         for r in records
