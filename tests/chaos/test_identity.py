@@ -5,6 +5,7 @@ are deleted from every daemon."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -13,7 +14,14 @@ from typing import Any
 
 from matrixpool_recovery import manifest, wire
 from tests.chaos.conftest import CardSampler
-from tests.chaos.test_recovery import JOB, pods, start_job, status, wait_training
+from tests.chaos.test_recovery import (
+    JOB,
+    persistent_dir,
+    pods,
+    start_job,
+    status,
+    wait_training,
+)
 from tests.integration import framework
 
 
@@ -51,7 +59,11 @@ def test_a_failed_job_created_again_under_its_name_runs_from_nothing(
     tmp_path: Path,
 ) -> None:
     start_job(cluster, namespace, tmp_path, replicas=2, max_recoveries=0)
-    wait_training(cluster, namespace, past=4)
+    framework.eventually(
+        lambda: wait_training(cluster, namespace, past=4)["checkpoints"].get("persistent"),
+        timeout=90,
+        what="a tier-3 checkpoint of the first job",
+    )
     first = uid(cluster, namespace)
     assert first in jobs_held(cluster, sim)
     pod = pods(cluster, namespace)[0]
@@ -83,3 +95,22 @@ def test_a_failed_job_created_again_under_its_name_runs_from_nothing(
         assert starts[-1]["restored"] is None, f"rank {rank} restored {starts[-1]}"
     assert first not in jobs_held(cluster, sim)
     assert second in jobs_held(cluster, sim)
+
+    # Tier 3: the first job's files stay (Retain, the default); the second asks for Delete.
+    framework.eventually(
+        lambda: status(cluster, namespace).get("checkpoints", {}).get("persistent"),
+        timeout=90,
+        what="a tier-3 checkpoint of the second job",
+    )
+    patch = {"spec": {"checkpoint": {"persistent": {"reclaimPolicy": "Delete"}}}}
+    cluster.kubectl(
+        "patch", "trainingjob", JOB, "-n", namespace, "--type=merge", "-p", json.dumps(patch)
+    )
+    assert (persistent_dir(tmp_path) / second).is_dir()
+    cluster.kubectl("delete", "trainingjob", JOB, "-n", namespace, "--wait=true")
+    framework.eventually(
+        lambda: not (persistent_dir(tmp_path) / second).exists(),
+        timeout=60,
+        what="the second job's tier-3 folder deleted (reclaimPolicy Delete)",
+    )
+    assert (persistent_dir(tmp_path) / first).is_dir(), "the first job's tier 3 was kept (Retain)"
