@@ -114,14 +114,13 @@ def test_sim_runs_a_daemon_per_node_and_trainers_that_checkpoint_and_die_with_th
         int(p["metadata"]["labels"]["matrixpool.dev/rank"]): p["spec"]["nodeName"] for p in pods
     }
     token = _token(sim)
+    uid = cluster.kubectl(
+        "get", "trainingjob", "sim", "-n", namespace, "-o", "jsonpath={.metadata.uid}"
+    ).stdout.strip()
 
     def saved(rank: int) -> list[dict[str, Any]] | None:
         shards = inventory(published[node_of[rank]], token) or []
-        mine = [
-            s
-            for s in shards
-            if str(s.get("job")) == f"{namespace}.sim" and int(s.get("rank", -1)) == rank
-        ]
+        mine = [s for s in shards if str(s.get("job")) == uid and int(s.get("rank", -1)) == rank]
         return mine if len({int(s["step"]) for s in mine}) >= 1 else None
 
     for rank in range(4):
