@@ -5,6 +5,7 @@ are deleted from every daemon."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -12,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from matrixpool_recovery import manifest, wire
+from matrixpool_recovery import credentials, manifest, wire
 from tests.chaos.conftest import CardSampler
 from tests.chaos.test_recovery import (
     JOB,
@@ -95,6 +96,18 @@ def test_a_failed_job_created_again_under_its_name_runs_from_nothing(
         assert starts[-1]["restored"] is None, f"rank {rank} restored {starts[-1]}"
     assert first not in jobs_held(cluster, sim)
     assert second in jobs_held(cluster, sim)
+
+    # The job's credential: a Secret named by its UID, holding its token and nothing else's,
+    # mounted by its pods (which know the job by its UID).
+    secret = cluster.api.core.read_namespaced_secret(f"matrixpool-ckpt-{second}", namespace)
+    cluster_secret = credentials.read_secret(sim.token_file)
+    token = base64.b64decode(secret.data["token"]).decode()
+    assert token == credentials.job_token(cluster_secret, second)
+    assert secret.metadata.owner_references[0].uid == second
+    pod = pods(cluster, namespace)[0]
+    env = {e.name: e.value for e in pod.spec.containers[0].env}
+    assert env["MATRIXPOOL_JOB"] == second
+    assert any(v.secret and v.secret.secret_name == secret.metadata.name for v in pod.spec.volumes)
 
     # Tier 3: the first job's files stay (Retain, the default); the second asks for Delete.
     framework.eventually(

@@ -96,6 +96,7 @@ METHOD = re.compile(r"^(create|patch|delete|replace|read|list)_(namespaced_|clus
 VERB = {"create": "create", "patch": "patch", "delete": "delete", "replace": "update"}
 VERB |= {"read": "get", "list": "list"}
 CORE = {"pod": "pods", "pod_binding": "pods/binding", "config_map": "configmaps", "node": "nodes"}
+CORE |= {"secret": "secrets"}
 
 
 def _add(rules: Rules, group: str, resource: str, *verbs: str) -> None:

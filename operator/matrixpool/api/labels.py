@@ -34,6 +34,18 @@ RESTORE = _P + "restore"  # pod annotation: JSON {"step", "from", "recovery"}: w
 # --- pod scheduling and environment ----------------------------------------------------------
 SCHEDULER_NAME = "matrixpool"  # schedulerName of every gang pod; kube-scheduler ignores them
 ENV_CARDS = "MATRIXPOOL_CARDS"  # env var with the bound cards, same format as CARDS
+ENV_JOB = "MATRIXPOOL_JOB"  # env var: the TrainingJob's UID, the name its checkpoints go under
+ENV_TOKEN_FILE = "MATRIXPOOL_CKPT_TOKEN_FILE"  # env var: the file holding the job's token
+CREDENTIAL_SECRET_PREFIX = "matrixpool-ckpt-"  # + the job's UID: the Secret with its token
+CREDENTIAL_KEY = "token"  # the key in that Secret, the file name in the pod
+CREDENTIAL_MOUNT = "/var/run/matrixpool/checkpoint"  # where the job's pods see it
+
+
+def credential_secret(job_uid: str) -> str:
+    """The name of the Secret holding a TrainingJob's checkpoint token."""
+    return f"{CREDENTIAL_SECRET_PREFIX}{job_uid}"
+
+
 ENV_ASCEND_VISIBLE_DEVICES = "ASCEND_VISIBLE_DEVICES"  # set too for huawei.com/* resources
 ENV_NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"  # set too for nvidia.com/* resources
 

@@ -29,6 +29,7 @@ CONCURRENCY = 32  # API calls in flight at once for one batch
 # down with it so that they can kill the operator while a gang is half bound.
 PACE_VARIABLE = "MATRIXPOOL_BIND_PACE_SECONDS"
 T = TypeVar("T")
+TRAINING_JOB = "TrainingJob"  # the kind whose pods get a checkpoint credential
 
 
 def _transient(error: BaseException) -> bool:
@@ -71,6 +72,8 @@ def manifest(
     if not containers:
         containers.append({"name": plan.role, "image": "matrixpool/workload:placeholder"})
     _give_cards(containers[0], plan.cards, card_resource)
+    if plan.kind == TRAINING_JOB:
+        _give_credential(spec, containers[0], str(owner["uid"]))
     return {"apiVersion": "v1", "kind": "Pod", **pod}
 
 
@@ -85,6 +88,25 @@ def owner_reference(owner: Mapping[str, Any]) -> dict[str, Any]:
         "controller": True,
         "blockOwnerDeletion": True,
     }
+
+
+def _give_credential(spec: dict[str, Any], container: dict[str, Any], job_uid: str) -> None:
+    """The job's identity and checkpoint credential: MATRIXPOOL_JOB (the UID the daemons know
+    the job by) and its token, mounted from the job's Secret (``matrixpool.k8s.secrets``;
+    optional, so that a cluster without checkpoint daemons still runs the pod)."""
+    volume = "matrixpool-checkpoint-credential"
+    secret = {"secretName": labels.credential_secret(job_uid), "optional": True}
+    volumes = [v for v in spec.get("volumes", []) if v.get("name") != volume]
+    spec["volumes"] = [*volumes, {"name": volume, "secret": secret}]
+    mounts = [m for m in container.get("volumeMounts", []) if m.get("name") != volume]
+    mount = {"name": volume, "mountPath": labels.CREDENTIAL_MOUNT, "readOnly": True}
+    container["volumeMounts"] = [*mounts, mount]
+    ours = {
+        labels.ENV_JOB: job_uid,
+        labels.ENV_TOKEN_FILE: f"{labels.CREDENTIAL_MOUNT}/{labels.CREDENTIAL_KEY}",
+    }
+    env = [e for e in container.get("env", []) if e.get("name") not in ours]
+    container["env"] = env + [{"name": k, "value": v} for k, v in ours.items()]
 
 
 def _give_cards(container: dict[str, Any], cards: int, card_resource: str) -> None:

@@ -1,0 +1,58 @@
+"""The per-job checkpoint credential (issue 11, defect 3): the Secret the operator writes and
+what a TrainingJob's pods get from it; InferenceService pods get none."""
+
+from __future__ import annotations
+
+import base64
+
+from matrixpool.api import labels
+from matrixpool.k8s import pods, secrets
+from matrixpool.placement import gangs, model
+from matrixpool_recovery import credentials
+
+OWNER = {
+    "apiVersion": "matrixpool.dev/v1alpha1",
+    "kind": "TrainingJob",
+    "name": "llm",
+    "uid": "u-1",
+}
+
+
+def plan(kind: str) -> gangs.PodPlan:
+    return gangs.PodPlan("ns", "llm-0", model.GangKey("ns/llm"), "llm", kind, "trainer", 0, 0, 8)
+
+
+def test_a_training_pod_gets_the_job_uid_and_mounts_the_jobs_token() -> None:
+    template = {
+        "spec": {"containers": [{"name": "t", "env": [{"name": "MATRIXPOOL_JOB", "value": "x"}]}]}
+    }
+    pod = pods.manifest(plan("TrainingJob"), template, OWNER, "huawei.com/Ascend910")
+    [volume] = pod["spec"]["volumes"]
+    assert volume["secret"] == {"secretName": "matrixpool-ckpt-u-1", "optional": True}
+    container = pod["spec"]["containers"][0]
+    assert container["volumeMounts"] == [
+        {"name": volume["name"], "mountPath": labels.CREDENTIAL_MOUNT, "readOnly": True}
+    ]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["MATRIXPOOL_JOB"] == "u-1"  # the UID, whatever the template said
+    assert env["MATRIXPOOL_CKPT_TOKEN_FILE"] == f"{labels.CREDENTIAL_MOUNT}/token"
+    assert not any(
+        "TOKEN" in e["name"] and "value" in e and e["name"] != "MATRIXPOOL_CKPT_TOKEN_FILE"
+        for e in container["env"]
+    )
+
+
+def test_an_inference_pod_gets_no_checkpoint_credential() -> None:
+    pod = pods.manifest(plan("InferenceService"), {}, OWNER, "nvidia.com/gpu")
+    assert "volumes" not in pod["spec"]
+    names = {e["name"] for e in pod["spec"]["containers"][0]["env"]}
+    assert "MATRIXPOOL_CKPT_TOKEN_FILE" not in names
+
+
+def test_the_secret_holds_the_jobs_token_and_is_owned_by_the_job() -> None:
+    token = credentials.job_token("cluster-secret", "u-1")
+    body = secrets.body("ns", "u-1", token, OWNER)
+    assert body["metadata"]["name"] == "matrixpool-ckpt-u-1"
+    assert base64.b64decode(body["data"]["token"]).decode() == token
+    [owner] = body["metadata"]["ownerReferences"]
+    assert (owner["uid"], owner["controller"]) == ("u-1", True)
