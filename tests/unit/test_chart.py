@@ -128,7 +128,7 @@ def _kopf_needs(cluster: Rules, anchor: Rules) -> None:
     namespaces."""
     import kopf
 
-    from matrixpool.handlers import loop  # noqa: F401 -- registers every handler
+    from matrixpool.handlers import credentials, loop  # noqa: F401 -- registers every handler
 
     registry = kopf.get_default_registry()
     for handler in registry._indexing.get_all_handlers():

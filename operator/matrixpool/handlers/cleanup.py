@@ -2,10 +2,11 @@
 
 Daemons know a job by its UID (``matrixpool.checkpoints``). Two paths delete what they hold:
 
-1. **On delete** (``on_delete``): when a TrainingJob is deleted, every daemon is asked to drop
-   the job's tiers 1 and 2, and tier 3 too when ``spec.checkpoint.persistent.reclaimPolicy``
-   is ``Delete`` (default ``Retain``: the files stay under the URI). No finalizer: deleting a
-   job never waits for a daemon.
+1. **On delete** (``on_delete``): when the watch sees a TrainingJob go, every daemon is asked
+   to drop the job's tiers 1 and 2, and tier 3 too when
+   ``spec.checkpoint.persistent.reclaimPolicy`` is ``Delete`` (default ``Retain``: the files
+   stay under the URI). No finalizer: deleting a job never waits for the operator or a daemon;
+   a deletion the operator did not see (it was down) leaves tier 3 in place.
 2. **The sweep** (``sweep``, started by the main loop every :data:`SWEEP_SECONDS`, in a task of
    its own so that a slow daemon never holds the scheduling cycle): a job UID that daemons
    hold and no TrainingJob has, in two sweeps in a row, is dropped. It catches what the first
@@ -73,19 +74,24 @@ def sweep(sweeper: Sweeper, nodes: list[inventory.NodeInfo], workloads: list[Wor
     sweeper.task = asyncio.create_task(sweep_once(sweeper, endpoints, live), name="ckpt-sweep")
 
 
-@kopf.on.delete(api.GROUP, api.VERSION, trainingjob.PLURAL, optional=True)  # type: ignore[arg-type]
+@kopf.on.event(api.GROUP, api.VERSION, trainingjob.PLURAL)  # type: ignore[arg-type]
 async def on_delete(
-    uid: str,
-    name: str,
-    namespace: str | None,
-    spec: kopf.Spec,
+    type: str,
+    body: kopf.Body,
     node_facts: kopf.Index[str, inventory.NodeInfo],
     **_: Any,
 ) -> None:
+    """The watch saw a TrainingJob go (no finalizer holds it: deleting a job never waits)."""
+    if type != "DELETED":
+        return
+    meta = body.get("metadata") or {}
+    uid, name, namespace = meta.get("uid", ""), meta.get("name"), meta.get("namespace")
+    if not uid:
+        return
     endpoints = sorted({n.endpoint for store in node_facts.values() for n in store if n.endpoint})
     done = await checkpoints.delete(uid, endpoints)
     metrics.CHECKPOINTS_DELETED.labels("deleted").inc(len(done))
-    persistent = (spec.get("checkpoint") or {}).get("persistent") or {}
+    persistent = ((body.get("spec") or {}).get("checkpoint") or {}).get("persistent") or {}
     reclaimed = False
     if persistent.get("reclaimPolicy") == trainingjob.ReclaimPolicy.DELETE.value:
         reclaimed = await asyncio.to_thread(checkpoints.delete_persistent, uid, persistent["uri"])
