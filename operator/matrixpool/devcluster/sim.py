@@ -363,16 +363,21 @@ def _world_size(gang: list[Any]) -> int:
 
 def _incarnation(gang: list[Any]) -> int:
     """The run the job is in: the newest incarnation its pods' restore annotations name (a
-    rank added by elastic growth joins it; 0 before any recovery or resume)."""
-    newest = 0
+    rank added by elastic growth joins it); a gang none of whose pods was told to restore
+    started afresh when its oldest pod was created (milliseconds, so that a restart after a
+    preemption is newer than every recovery before it)."""
+    named = 0
     for pod in gang:
         try:
             asked = checkpoints.parse_restore((pod.metadata.annotations or {}).get(labels.RESTORE))
         except ValueError:
             continue
         if asked is not None and asked.incarnation is not None:
-            newest = max(newest, asked.incarnation)
-    return newest
+            named = max(named, asked.incarnation)
+    if named:
+        return named
+    created = [p.metadata.creation_timestamp for p in gang if p.metadata.creation_timestamp]
+    return int(min(created).timestamp() * 1000) if created else 0
 
 
 def _daemon_down(node: Any) -> bool:
