@@ -30,12 +30,14 @@ import datetime
 import json
 import os
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 from matrixpool_recovery import credentials, errors, files, manifest, wire
 
+T = TypeVar("T")
 PROBE_TIMEOUT = 1.0  # seconds for one healthz request
 INVENTORY_TIMEOUT = 3.0  # seconds for one inventory request (a busy daemon lists slower)
 MAX_PARALLEL = 32  # daemons asked at once
@@ -141,82 +143,67 @@ def _persistent(job: str, uri: str) -> list[manifest.Holding]:
         return []
 
 
+async def _each(addresses: Iterable[str], call: Callable[[str], T]) -> list[tuple[str, T]]:
+    """``call`` on every address in a thread, MAX_PARALLEL at once; (address, answer) sorted."""
+    limit = asyncio.Semaphore(MAX_PARALLEL)
+
+    async def one(address: str) -> tuple[str, T]:
+        async with limit:
+            return address, await asyncio.to_thread(call, address)
+
+    return list(await asyncio.gather(*(one(a) for a in sorted(set(addresses)))))
+
+
+def _ask(
+    address: str,
+    bearer: str,
+    method: str,
+    path: str,
+    body: Any = None,
+    timeout: float = INVENTORY_TIMEOUT,
+) -> Any | None:
+    """One request to a daemon; None when it fails (unreachable, refused, malformed)."""
+    endpoint = wire.Endpoint(address, bearer, timeout=timeout)
+    try:
+        return wire.request(endpoint, method, path, body) or {}
+    except (errors.CheckpointError, OSError, ValueError):
+        return None
+
+
 async def pin(job: str, endpoints: Iterable[str], step: int | None) -> list[str]:
     """Ask each daemon to keep ``step`` of ``job`` (None: let it go); the endpoints that
     did. A recovery pins the step it chose until every rank has reloaded it."""
     bearer = token()
     if bearer is None:
         return []
-    limit = asyncio.Semaphore(MAX_PARALLEL)
-
-    async def one(address: str) -> str | None:
-        async with limit:
-            return await asyncio.to_thread(_pin, address, bearer, job, step)
-
-    answers = await asyncio.gather(*(one(a) for a in sorted(set(endpoints))))
-    return [a for a in answers if a is not None]
-
-
-def _pin(address: str, bearer: str, job: str, step: int | None) -> str | None:
-    endpoint = wire.Endpoint(address, bearer, timeout=PROBE_TIMEOUT)
-    try:
-        wire.request(endpoint, "PUT", f"/v1/jobs/{job}/pin", {"step": step})
-    except (errors.CheckpointError, OSError, ValueError):
-        return None
-    return address
+    path, body = f"/v1/jobs/{job}/pin", {"step": step}
+    answers = await _each(endpoints, lambda a: _ask(a, bearer, "PUT", path, body, PROBE_TIMEOUT))
+    return [address for address, answer in answers if answer is not None]
 
 
 async def delete(job: str, endpoints: Iterable[str]) -> list[str]:
     """Ask each daemon to drop every checkpoint of ``job`` (tiers 1 and 2); the endpoints
     that did (a daemon that holds nothing of it answers too)."""
-    secret = token()
-    if secret is None:
+    bearer = token()
+    if bearer is None:
         return []
-    limit = asyncio.Semaphore(MAX_PARALLEL)
-
-    async def one(address: str) -> str | None:
-        async with limit:
-            return await asyncio.to_thread(_delete, address, secret, job)
-
-    answers = await asyncio.gather(*(one(a) for a in sorted(set(endpoints))))
-    return [a for a in answers if a is not None]
-
-
-def _delete(address: str, secret: str, job: str) -> str | None:
-    endpoint = wire.Endpoint(address, secret, timeout=INVENTORY_TIMEOUT)
-    try:
-        wire.request(endpoint, "DELETE", f"/v1/jobs/{job}")
-    except (errors.CheckpointError, OSError, ValueError):
-        return None
-    return address
+    answers = await _each(endpoints, lambda a: _ask(a, bearer, "DELETE", f"/v1/jobs/{job}"))
+    return [address for address, answer in answers if answer is not None]
 
 
 async def jobs_held(endpoints: Iterable[str]) -> dict[str, set[str]]:
     """Job -> endpoints of the daemons that hold any checkpoint of it (the daemons that
     answer; one inventory request each)."""
-    secret = token()
-    if secret is None:
+    bearer = token()
+    if bearer is None:
         return {}
-    limit = asyncio.Semaphore(MAX_PARALLEL)
-
-    async def one(address: str) -> tuple[str, list[manifest.Holding] | None]:
-        async with limit:
-            return address, await asyncio.to_thread(_everything, address, secret)
-
     held: dict[str, set[str]] = {}
-    for address, found in await asyncio.gather(*(one(a) for a in sorted(set(endpoints)))):
-        for holding in found or []:
-            held.setdefault(holding.job, set()).add(address)
+    for address, answer in await _each(
+        endpoints, lambda a: _ask(a, bearer, "GET", "/v1/inventory")
+    ):
+        for shard in (answer or {}).get("shards", []):
+            held.setdefault(manifest.Holding.from_json(shard).job, set()).add(address)
     return held
-
-
-def _everything(address: str, secret: str) -> list[manifest.Holding] | None:
-    endpoint = wire.Endpoint(address, secret, timeout=INVENTORY_TIMEOUT)
-    try:
-        answer = wire.request(endpoint, "GET", "/v1/inventory")
-    except (errors.CheckpointError, OSError, ValueError):
-        return None
-    return [manifest.Holding.from_json(s) for s in answer["shards"]]
 
 
 def delete_persistent(job: str, uri: str) -> bool:

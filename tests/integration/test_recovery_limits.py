@@ -17,12 +17,10 @@ from typing import Any
 
 import pytest
 
-from matrixpool import checkpoints
 from matrixpool.api import common, trainingjob
 from matrixpool.handlers import recovery
-from matrixpool.handlers.workloads import Workload
-from matrixpool_recovery import policy
 from tests.integration import framework, manifests
+from tests.unit.test_recovery_limits import reschedule_plan
 
 pytestmark = pytest.mark.integration
 
@@ -63,37 +61,6 @@ def status_of(cluster: framework.TestCluster, namespace: str, name: str) -> dict
     return dict(body.get("status") or {})
 
 
-def reschedule_plan(namespace: str, name: str, ranks: int) -> dict[str, Any]:
-    """status.recovering of a Reschedule of every rank, built by the recovery handler."""
-    body = {
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"replicas": ranks, "cardsPerReplica": 1},
-    }
-    workload = Workload(
-        kind=trainingjob.KIND, namespace=namespace, name=name, uid="", created="",
-        generation=1, model=trainingjob.parse(body), error=None, status={},
-    )  # fmt: skip
-    view = policy.JobView(
-        key=f"{namespace}/{name}",
-        world_size=ranks,
-        node_of={r: policy.NodeName(f"sn-0-node-{r // 8:02d}") for r in range(ranks)},
-        cards_of={},
-        rack_of={},
-        supernode_of={},
-    )
-    plan = policy.Plan(
-        level=policy.Level.RESCHEDULE,
-        cause="NodeDown on sn-0-node-00",
-        ranks=frozenset(range(ranks)),
-        targets={},
-        sources={r: policy.Copy(r, 100, policy.Tier.PERSISTENT, None) for r in range(ranks)},
-        restored_step=100,
-        lost_steps=3,
-        reason="the whole job is placed again",
-    )
-    return recovery.plan_record(workload, plan, view, checkpoints.Inventory(), T0)
-
-
 def entry(i: int) -> dict[str, Any]:
     record = trainingjob.RecoveryRecord(
         id=f"r{i}",
@@ -111,7 +78,7 @@ def test_a_recovering_plan_of_many_ranks_is_accepted(
     cluster: framework.TestCluster, namespace: str, tmp_path: Path, ranks: int
 ) -> None:
     create_job(cluster, namespace, "big", ranks)
-    plan = reschedule_plan(namespace, "big", ranks)
+    plan = reschedule_plan(ranks, namespace, "big")
     patch_status(cluster, namespace, "big", {"phase": "Recovering", "recovering": plan}, tmp_path)
     stored = status_of(cluster, namespace, "big")["recovering"]
     assert stored["rankCount"] == ranks

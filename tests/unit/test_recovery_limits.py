@@ -72,15 +72,15 @@ def status_schema() -> dict[str, Any]:
 
 
 # --- a 4,097-rank recovery plan ---------------------------------------------------------------
-def big_job() -> Workload:
+def big_job(namespace: str = "ns", name: str = "big") -> Workload:
     body = {
-        "metadata": {"name": "big", "namespace": "ns", "uid": "u-big"},
+        "metadata": {"name": name, "namespace": namespace, "uid": "u-big"},
         "spec": {"replicas": BIG, "cardsPerReplica": 1},
     }
     return Workload(
         kind=trainingjob.KIND,
-        namespace="ns",
-        name="big",
+        namespace=namespace,
+        name=name,
         uid="u-big",
         created="",
         generation=1,
@@ -90,15 +90,21 @@ def big_job() -> Workload:
     )
 
 
-def reschedule_plan(ranks: int) -> dict[str, Any]:
-    """status.recovering of a Reschedule of every rank, as the recovery handler writes it."""
-    node_of = {r: policy.NodeName(f"n{r // 8}") for r in range(ranks)}
+def reschedule_plan(ranks: int, namespace: str = "ns", name: str = "big") -> dict[str, Any]:
+    """status.recovering of a Reschedule of every rank, as the recovery handler writes it
+    (the integration test writes it into a real object's status)."""
+    node_of = {r: policy.NodeName(f"sn-0-node-{r // 8:02d}") for r in range(ranks)}
     view = policy.JobView(
-        key="ns/big", world_size=ranks, node_of=node_of, cards_of={}, rack_of={}, supernode_of={}
+        key=f"{namespace}/{name}",
+        world_size=ranks,
+        node_of=node_of,
+        cards_of={},
+        rack_of={},
+        supernode_of={},
     )
     plan = policy.Plan(
         level=policy.Level.RESCHEDULE,
-        cause="NodeDown on n0",
+        cause="NodeDown on sn-0-node-00",
         ranks=frozenset(range(ranks)),
         targets={},
         sources={r: policy.Copy(r, 100, policy.Tier.PERSISTENT, None) for r in range(ranks)},
@@ -106,7 +112,8 @@ def reschedule_plan(ranks: int) -> dict[str, Any]:
         lost_steps=5,
         reason="the whole job is placed again",
     )
-    return recovery.plan_record(big_job(), plan, view, checkpoints.Inventory(), T0)
+    job = big_job(namespace, name)
+    return recovery.plan_record(job, plan, view, checkpoints.Inventory(), T0)
 
 
 def test_replicas_and_every_per_rank_bound_are_the_one_constant() -> None:
