@@ -2,7 +2,7 @@
 
 Daemons know a job by its UID (``matrixpool.checkpoints``). Two paths delete what they hold:
 
-1. **On delete** (``on_delete``): when the watch sees a TrainingJob go, every daemon is asked
+1. **On delete** (``deleted_job``): when the watch sees a TrainingJob go, every daemon is asked
    to drop the job's tiers 1 and 2, and tier 3 too when
    ``spec.checkpoint.persistent.reclaimPolicy`` is ``Delete`` (default ``Retain``: the files
    stay under the URI). No finalizer: deleting a job never waits for the operator or a daemon;
@@ -12,7 +12,7 @@ Daemons know a job by its UID (``matrixpool.checkpoints``). Two paths delete wha
    hold and no TrainingJob has, in two sweeps in a row, is dropped. It catches what the first
    path missed (the operator down at the time, a daemon unreachable then).
 
-Called by kopf (``on_delete``) and by :mod:`matrixpool.handlers.loop` (``sweep``).
+Called by kopf (``deleted_job``) and by :mod:`matrixpool.handlers.loop` (``sweep``).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def sweep(sweeper: Sweeper, nodes: list[inventory.NodeInfo], workloads: list[Wor
 
 
 @kopf.on.event(api.GROUP, api.VERSION, trainingjob.PLURAL)  # type: ignore[arg-type]
-async def on_delete(
+async def deleted_job(
     type: str,
     body: kopf.Body,
     node_facts: kopf.Index[str, inventory.NodeInfo],
