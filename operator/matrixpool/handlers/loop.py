@@ -11,6 +11,7 @@ replicas that lose a peering election, so exactly one loop schedules at a time.
 
 from __future__ import annotations
 
+import collections
 import os
 from typing import Any
 
@@ -18,7 +19,15 @@ import kopf
 import structlog
 
 from matrixpool import clock
-from matrixpool.handlers import cleanup, recovery, scheduler, supernode, timeshare, workloads
+from matrixpool.handlers import (
+    cleanup,
+    recovery,
+    scheduler,
+    supernode,
+    timeshare,
+    workloads,
+    world,
+)
 from matrixpool.k8s import anchor
 from matrixpool.k8s.convert import PodFacts
 from matrixpool.placement import inventory
@@ -26,6 +35,8 @@ from matrixpool.placement import inventory
 CYCLE_SECONDS = 0.25
 ERROR_BACKOFF_SECONDS = 2.0
 LABEL = {anchor.COMPONENT_LABEL: anchor.COMPONENT}
+# Test knob: seconds by which the loop's view of the pod index lags the API (default 0).
+LAG_VARIABLE = "MATRIXPOOL_WATCH_LAG_SECONDS"
 log = structlog.get_logger(__name__)
 
 
@@ -75,13 +86,16 @@ async def main_loop(
     reported: dict[str, dict[str, Any]] = {}
     identities: dict[str, str] = {}  # workload key -> the UID it had last loop
     sweeper = cleanup.Sweeper()
+    assumed = world.Assumed()  # what this loop wrote and the pod index does not show yet
+    lagged = Lagged(float(os.environ.get(LAG_VARIABLE) or 0))
 
-    def world() -> scheduler.World:
-        return scheduler.World(
+    def read() -> world.World:
+        index = lagged.read({key: list(store) for key, store in gang_pods.items()})
+        return world.World(
             supernodes=_first(supernode_models),
             nodes=_all(node_facts),
             foreign=supernode.Facts.sum_held(pod_cards),
-            pods={key: list(store) for key, store in gang_pods.items()},
+            pods=assumed.view(index),
             workloads=[*_all(training_jobs), *_all(inference_services)],
             unreachable=recovery.unreachable(),
             stale=recovery.stale_leases(_first(node_leases), clock.SYSTEM.now().timestamp()),
@@ -89,16 +103,34 @@ async def main_loop(
 
     while not stopped:
         try:
-            now = world()
+            now = read()
             identities = forget_replaced(identities, now.workloads)
             cleanup.sweep(sweeper, now.nodes, now.workloads)
             await recovery.run(now)
-            await scheduler.run_cycle(world)
-            await supernode.report(world(), reported)
+            await scheduler.run_cycle(read, assumed)
+            await supernode.report(read(), reported)
         except Exception:  # one bad cycle must not stop scheduling; the next one retries
             log.exception("cycle failed; retrying")
             await stopped.wait(ERROR_BACKOFF_SECONDS)
         await stopped.wait(CYCLE_SECONDS)
+
+
+class Lagged:
+    """Test knob (:data:`LAG_VARIABLE`): the pod index as it was ``lag`` seconds ago, to show
+    that a watch lagging the loop never makes the operator give a card twice."""
+
+    def __init__(self, lag: float) -> None:
+        self.lag = lag
+        self.history: collections.deque[tuple[float, dict[str, Any]]] = collections.deque()
+
+    def read(self, pods: dict[str, Any]) -> dict[str, Any]:
+        if self.lag <= 0:
+            return pods
+        now = clock.SYSTEM.monotonic()
+        self.history.append((now, pods))
+        while len(self.history) > 1 and self.history[1][0] <= now - self.lag:
+            self.history.popleft()
+        return self.history[0][1]
 
 
 def forget_replaced(

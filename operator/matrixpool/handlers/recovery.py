@@ -49,7 +49,7 @@ import structlog
 
 from matrixpool import checkpoints, clock, metrics
 from matrixpool.api import common, labels, trainingjob
-from matrixpool.handlers import scheduler
+from matrixpool.handlers import scheduler, world
 from matrixpool.handlers.workloads import Workload
 from matrixpool.k8s import convert, pods
 from matrixpool.k8s import status as k8s_status
@@ -119,7 +119,7 @@ def unreachable() -> frozenset[str]:
     return STATE.unreachable(clock.SYSTEM.monotonic())
 
 
-async def run(world: scheduler.World) -> None:
+async def run(world: world.World) -> None:
     """One pass: probe the daemons, then detect, decide, carry out and record per job."""
     await probe(world)
     nodes: dict[str, inventory.NodeInfo] = {n.name: n for n in world.nodes}
@@ -223,7 +223,7 @@ def stale_leases(leases: Mapping[str, tuple[float, float]], now: float) -> froze
 # ---- heartbeat -------------------------------------------------------------------------------
 
 
-async def probe(world: scheduler.World) -> None:
+async def probe(world: world.World) -> None:
     """Probe the daemons under training ranks every PROBE_SECONDS, the others (spares and
     idle nodes, where a gang may land) every IDLE_PROBE_SECONDS."""
     now = clock.SYSTEM.monotonic()
@@ -335,7 +335,7 @@ def settled(job: str, faults: list[policy.Fault]) -> bool:
 async def start(
     workload: Workload,
     faults: list[policy.Fault],
-    world: scheduler.World,
+    world: world.World,
     lost: frozenset[str],
     detected: datetime.datetime,
 ) -> None:

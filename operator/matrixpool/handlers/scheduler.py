@@ -25,27 +25,15 @@ import kopf
 import structlog
 
 from matrixpool import clock, metrics
-from matrixpool.api import common, inferenceservice, labels, supernode, trainingjob
+from matrixpool.api import common, inferenceservice, labels, trainingjob
 from matrixpool.handlers import timeshare
 from matrixpool.handlers.workloads import Workload
+from matrixpool.handlers.world import Assumed, World
 from matrixpool.k8s import configmaps, convert, pods
 from matrixpool.k8s import status as k8s_status
 from matrixpool.placement import engine, gangs, inventory, model
 
 log = structlog.get_logger(__name__)
-
-
-@dataclass(frozen=True)
-class World:
-    """One consistent read of every index."""
-
-    supernodes: dict[str, supernode.SuperNode]
-    nodes: list[inventory.NodeInfo]
-    foreign: dict[str, dict[str, int]]  # node → resources held by pods matrixpool did not place
-    pods: dict[str, list[convert.PodFacts]]  # "<ns>/<owner>" → its pods
-    workloads: list[Workload]
-    unreachable: frozenset[str] = frozenset()  # nodes whose checkpoint daemon does not answer
-    stale: frozenset[str] = frozenset()  # nodes whose kubelet Lease is overdue
 
 
 @dataclass
@@ -79,19 +67,21 @@ def forget(key: str) -> None:
         remembered.pop(key, None)
 
 
-async def run_cycle(world_reader: Any) -> None:
-    """Run one cycle; ``world_reader()`` → World. Serialized by a lock, as a safety net."""
+async def run_cycle(world_reader: Any, assumed: Assumed) -> None:
+    """Run one cycle; ``world_reader()`` → World. Serialized by a lock, as a safety net.
+    What the cycle reserves, binds and deletes goes into ``assumed``."""
     async with MEMORY.lock:
         with metrics.CYCLE_SECONDS.time():
-            await Cycle(world_reader(), MEMORY).run()
+            await Cycle(world_reader(), MEMORY, assumed).run()
 
 
 class Cycle:
     """One pass over the world; short-lived."""
 
-    def __init__(self, world: World, memory: Memory) -> None:
+    def __init__(self, world: World, memory: Memory, assumed: Assumed | None = None) -> None:
         self.world = world
         self.memory = memory
+        self.assumed = assumed if assumed is not None else Assumed()
         self.preempted = False
         self.by_gang: dict[model.GangKey, tuple[Workload, gangs.Gang]] = {}  # set by run()
         self.shares = timeshare.Shares()  # time-sharing allowances, set by run()
@@ -110,7 +100,7 @@ class Cycle:
         pending = await self.finish_half_bound(wanted)  # phase 4
         bindings = await self.place(pending)  # phase 5
         metrics.PENDING_GANGS.set(len(pending) - len(bindings))
-        await self.bind(bindings)  # phase 6
+        bindings = await self.bind(bindings)  # phase 6
         if not self.preempted:  # after a preemption the indexes lag: report next cycle
             await self.report(wanted, bindings)  # phase 7
 
@@ -149,16 +139,14 @@ class Cycle:
                 for plan in plans
                 if plan.name not in existing
             ]
-            delete = [
-                (p.namespace, p.name)
-                for p in existing.values()
-                if p.name not in names and not p.deleting
-            ]
+            surplus = [p for p in existing.values() if p.name not in names and not p.deleting]
             try:
                 if create:
                     await pods.create(create)
-                if delete:
-                    await pods.delete(delete)
+                if surplus:
+                    await pods.delete([(p.namespace, p.name) for p in surplus])
+                    for p in surplus:
+                        self.assumed.deleting(p)
             except Exception as error:  # e.g. a namespace being deleted: the others go on
                 log.warning("could not reconcile pods", workload=workload.key, error=str(error))
 
@@ -185,8 +173,8 @@ class Cycle:
     async def finish_half_bound(self, wanted: Mapping[str, list[gangs.Gang]]) -> list[Pending]:
         """Gangs still to place; binds fully reserved gangs, clears partial reservations."""
         pending: list[Pending] = []
-        finish: list[tuple[str, str, str]] = []
-        undo: list[tuple[str, str]] = []
+        finish: list[convert.PodFacts] = []
+        undo: list[convert.PodFacts] = []
         for workload in self.world.workloads:
             facts = {p.name: p for p in self.world.pods.get(workload.key, [])}
             for gang in wanted.get(workload.key, []):
@@ -196,19 +184,23 @@ class Cycle:
                 present = [p for p in pods_now if p is not None]
                 state = gang_state(present)
                 if state == "reserved":
-                    finish += [
-                        (p.namespace, p.name, p.reserved_node or "") for p in present if not p.node
-                    ]
+                    finish += [p for p in present if not p.node]
                 elif state == "partial":
-                    undo += [(p.namespace, p.name) for p in present if p.reserved_node]
+                    undo += [p for p in present if p.reserved_node]
                 elif state in ("unplaced", "holed"):
                     pending.append(Pending(workload, gang, present))
         if undo:
             log.info("clearing partial reservations", pods=len(undo))
-            await pods.unreserve(undo)
+            await pods.unreserve([(p.namespace, p.name) for p in undo])
+            for p in undo:
+                self.assumed.released(p)
         if finish:
             log.info("finishing reserved gangs", pods=len(finish))
-            await pods.bind(finish)
+            outcomes = await pods.bind(
+                [(p.namespace, p.name, p.reserved_node or "") for p in finish]
+            )
+            for p, outcome in zip(finish, outcomes, strict=True):
+                self.bound(p, p.reserved_node or "", outcome)
         return pending
 
     # ---- phase 5: place, highest priority first ---------------------------------------------
@@ -300,6 +292,10 @@ class Cycle:
         metrics.PREEMPTIONS.labels("evict").inc(len(plan.evict))
         await pods.annotate(doomed, {labels.CHECKPOINT_REQUEST: request_id})
         await pods.delete(doomed)
+        live = {p.name: p for facts in self.world.pods.values() for p in facts}
+        for namespace, name in doomed:
+            if (pod := live.get(name)) is not None and pod.namespace == namespace:
+                self.assumed.deleting(pod)
         _event(
             item.workload,
             "Normal",
@@ -351,28 +347,34 @@ class Cycle:
 
     # ---- phase 6: reserve, then bind -----------------------------------------------------------
 
-    async def bind(self, bindings: Sequence[Binding]) -> None:
+    async def bind(self, bindings: Sequence[Binding]) -> list[Binding]:
+        """Reserve every pod of every gang, then bind the gangs whose reservations all took;
+        the bindings that went through. What was written is assumed held (handlers.world)."""
         if not bindings:
-            return
+            return []
         started = clock.SYSTEM.monotonic()
-        bound = {p.key for b in bindings for p in b.pending.pods if p.node}
-        reservations = [
-            (
-                b.pending.workload.namespace,
-                a.pod.split("/", 1)[1],
-                a.node,
-                labels.format_cards(a.cards),
-            )
-            for b in bindings
-            for a in b.placement.assignments
-            if a.pod not in bound
-        ]
-        await pods.reserve(reservations)
-        await pods.bind([(ns, name, node) for ns, name, node, _ in reservations])
+        reservations = [(b, *r) for b in bindings for r in self.unbound(b)]
+        for _, pod, node, cards in reservations:
+            self.assumed.reserved(pod, node, cards)
+        outcomes = await pods.reserve(
+            [(p.namespace, p.name, n, labels.format_cards(c)) for _, p, n, c in reservations]
+        )
+        failed: set[model.GangKey] = set()
+        for (b, pod, _, _), outcome in zip(reservations, outcomes, strict=True):
+            if outcome is not None:
+                self.assumed.released(pod)
+                failed.add(b.placement.gang)
+                log.warning("could not reserve", pod=pod.key, error=str(outcome))
+        ready = [r for r in reservations if r[0].placement.gang not in failed]
+        bound = await pods.bind([(p.namespace, p.name, n) for _, p, n, _ in ready])
+        for (b, pod, node, _), outcome in zip(ready, bound, strict=True):
+            if not self.bound(pod, node, outcome):
+                failed.add(b.placement.gang)
+        done = [b for b in bindings if b.placement.gang not in failed]
         elapsed = clock.SYSTEM.monotonic() - started
         metrics.BIND_SECONDS.observe(elapsed)
-        metrics.BOUND_PODS.inc(len(reservations))
-        for b in bindings:
+        metrics.BOUND_PODS.inc(sum(1 for r in ready if r[0].placement.gang not in failed))
+        for b in done:
             nodes = {a.node for a in b.placement.assignments}
             where = sorted({self.supernode_of.get(n, "?") for n in nodes})
             _event(
@@ -383,8 +385,36 @@ class Cycle:
                 f"{len(nodes)} nodes of {', '.join(where)} in {elapsed:.2f} s",
             )
         log.info(
-            "bound gangs", gangs=len(bindings), pods=len(reservations), seconds=round(elapsed, 3)
+            "bound gangs",
+            gangs=len(done),
+            failed=len(failed),
+            pods=len(reservations),
+            seconds=round(elapsed, 3),
         )
+        return done
+
+    @staticmethod
+    def unbound(
+        binding: Binding,
+    ) -> list[tuple[convert.PodFacts, str, frozenset[int]]]:
+        """(pod, node, cards) of every pod of the gang that the placement gives cards."""
+        facts = {p.key: p for p in binding.pending.pods}
+        return [
+            (facts[a.pod], a.node, frozenset(a.cards))
+            for a in binding.placement.assignments
+            if a.pod in facts and not facts[a.pod].node
+        ]
+
+    def bound(self, pod: convert.PodFacts, node: str, outcome: pods.Outcome) -> bool:
+        """Remember a Binding that went through; a failed one leaves the reservation (the next
+        cycle finishes it), one bound elsewhere leaves it to the index."""
+        if outcome is None:
+            self.assumed.bound(pod, node)
+            return True
+        if isinstance(outcome, pods.BoundElsewhereError):
+            self.assumed.released(pod)
+        log.warning("could not bind", pod=pod.key, node=node, error=str(outcome))
+        return False
 
     # ---- phase 7: status -------------------------------------------------------------------------
 

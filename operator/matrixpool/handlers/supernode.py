@@ -19,7 +19,7 @@ import structlog
 
 from matrixpool import api, clock, metrics
 from matrixpool.api import common, inferenceservice, supernode, trainingjob
-from matrixpool.handlers import scheduler, timeshare
+from matrixpool.handlers import timeshare, world
 from matrixpool.k8s import convert
 from matrixpool.k8s import status as k8s_status
 from matrixpool.placement import inventory
@@ -58,7 +58,7 @@ def supernode_models(name: str, body: kopf.Body, **_: Any) -> dict[str, supernod
         return {}  # the CRD rejects such specs; if one slips through, it is left alone
 
 
-async def report(world: scheduler.World, last: dict[str, dict[str, Any]]) -> None:
+async def report(world: world.World, last: dict[str, dict[str, Any]]) -> None:
     """Patch the status of every SuperNode whose numbers or conditions changed.
 
     ``last`` remembers what was written, so an unchanged status costs no API call.
@@ -85,7 +85,7 @@ class Facts:
     kinds: dict[str, dict[str, int]] = field(default_factory=dict)  # node → kind → cards held
 
     @classmethod
-    def collect(cls, world: scheduler.World) -> Facts:
+    def collect(cls, world: world.World) -> Facts:
         """One pass over the gang pods, one selector per supernode."""
         ours: dict[str, int] = {}  # node → cards held by matrixpool's pods
         kinds: dict[str, dict[str, int]] = {}

@@ -44,21 +44,19 @@ import math
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import kopf
 import structlog
 
 from matrixpool import checkpoints, clock, metrics
 from matrixpool.api import common, inferenceservice, labels, supernode, trainingjob
+from matrixpool.handlers.workloads import Workload
+from matrixpool.handlers.world import World
 from matrixpool.k8s import convert, pods
 from matrixpool.k8s import status as k8s_status
 from matrixpool.placement import gangs, inventory
 from matrixpool.timeshare import split, transition, windows
-
-if TYPE_CHECKING:
-    from matrixpool.handlers.scheduler import World
-    from matrixpool.handlers.workloads import Workload
 
 log = structlog.get_logger(__name__)
 

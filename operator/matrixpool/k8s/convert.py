@@ -88,6 +88,7 @@ class PodFacts:
     deleting: bool
     ready: bool
     restore: str = ""  # annotation matrixpool.dev/restore: what the rank restored from
+    uid: str = ""  # metadata.uid: the pod's identity (a re-created pod is another pod)
 
     @property
     def key(self) -> str:
@@ -131,6 +132,7 @@ def pod_facts(
         deleting=bool(meta.get("deletionTimestamp")),
         ready=ready,
         restore=annotations.get(names.RESTORE, ""),
+        uid=str(meta.get("uid") or ""),
     )
 
 

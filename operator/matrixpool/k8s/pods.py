@@ -6,6 +6,16 @@ an operator killed at any moment never gives a card twice: first every pod of th
 *reserved* (annotations ``matrixpool.dev/node`` and ``matrixpool.dev/cards``), then each is
 bound through the Binding API. A restarted operator treats reserved cards as held and either
 finishes binding a fully reserved gang or clears a partial reservation.
+
+:func:`reserve` and :func:`bind` answer one outcome per pod (``None``: done; else the error),
+so the caller remembers exactly what was written (``matrixpool.handlers.world.Assumed``). A
+Binding answered 409 is done only if the pod is bound to that very node; bound elsewhere is
+:class:`BoundElsewhereError`.
+
+Errors::
+
+    Exception
+     └── BoundElsewhereError   a Binding answered 409 and the pod is on another node
 """
 
 from __future__ import annotations
@@ -30,6 +40,11 @@ CONCURRENCY = 32  # API calls in flight at once for one batch
 PACE_VARIABLE = "MATRIXPOOL_BIND_PACE_SECONDS"
 T = TypeVar("T")
 TRAINING_JOB = "TrainingJob"  # the kind whose pods get a checkpoint credential
+Outcome = BaseException | None  # per pod: None when the call did what it was asked
+
+
+class BoundElsewhereError(Exception):
+    """The pod was bound, but not to the node asked for (an earlier decision, or a stale one)."""
 
 
 def _transient(error: BaseException) -> bool:
@@ -135,6 +150,22 @@ async def gather_limited(calls: Iterable[Callable[[], T]]) -> list[T]:
     return list(await asyncio.gather(*tasks))
 
 
+async def gather_outcomes(calls: Iterable[Callable[[], object]]) -> list[Outcome]:
+    """Run ``calls`` as :func:`gather_limited` does; each one's error, or None, in order."""
+
+    def outcome(call: Callable[[], object]) -> Callable[[], Outcome]:
+        def run() -> Outcome:
+            try:
+                call()
+            except Exception as error:  # the caller decides what a failure means
+                return error
+            return None
+
+        return run
+
+    return await gather_limited(outcome(c) for c in calls)
+
+
 async def create(pods: Sequence[Mapping[str, Any]]) -> None:
     """Create ``pods``; ones that already exist are fine."""
     api = k8s_client.default_api()
@@ -153,15 +184,15 @@ async def create(pods: Sequence[Mapping[str, Any]]) -> None:
     await gather_limited(call(p) for p in pods)
 
 
-async def reserve(reservations: Sequence[tuple[str, str, str, str]]) -> None:
+async def reserve(reservations: Sequence[tuple[str, str, str, str]]) -> list[Outcome]:
     """Annotate each ``(namespace, pod, node, cards)`` with its node and cards."""
     api = k8s_client.default_api()
 
-    def call(namespace: str, name: str, node: str, cards: str) -> Callable[[], None]:
+    def call(namespace: str, name: str, node: str, cards: str) -> Callable[[], object]:
         body = {"metadata": {"annotations": {NODE_ANNOTATION: node, labels.CARDS: cards}}}
         return retry(lambda: api.core.patch_namespaced_pod(name, namespace, body))
 
-    await gather_limited(call(*r) for r in reservations)
+    return await gather_outcomes(call(*r) for r in reservations)
 
 
 async def unreserve(pods: Sequence[tuple[str, str]]) -> None:
@@ -177,7 +208,7 @@ async def unreserve(pods: Sequence[tuple[str, str]]) -> None:
     await gather_limited(call(*p) for p in pods)
 
 
-async def bind(bindings: Sequence[tuple[str, str, str]]) -> None:
+async def bind(bindings: Sequence[tuple[str, str, str]]) -> list[Outcome]:
     """Bind each ``(namespace, pod, node)`` through the Binding API."""
     api = k8s_client.default_api()
 
@@ -197,18 +228,29 @@ async def bind(bindings: Sequence[tuple[str, str, str]]) -> None:
                     name, namespace, body, _preload_content=False
                 )
             except Exception as error:
-                if not k8s_client.is_status(error, 409):  # already bound: done before a crash
+                if not k8s_client.is_status(error, 409):
                     raise
+                _check_bound(api, namespace, name, node)
 
         return bind_one
 
     pace = float(os.environ.get(PACE_VARIABLE) or 0)
     if pace <= 0:
-        await gather_limited(call(*b) for b in bindings)
-        return
+        return await gather_outcomes(call(*b) for b in bindings)
+    outcomes: list[Outcome] = []
     for binding in bindings:  # one at a time, for chaos tests that kill the operator midway
-        await asyncio.to_thread(call(*binding))
+        outcomes += await gather_outcomes([call(*binding)])
         await asyncio.sleep(pace)
+    return outcomes
+
+
+def _check_bound(api: k8s_client.Api, namespace: str, name: str, node: str) -> None:
+    """After a 409: done if the pod is bound to ``node`` (bound before a crash, or by this
+    very call retried); anything else is an error, never a success."""
+    pod = api.core.read_namespaced_pod(name, namespace)
+    where = getattr(pod.spec, "node_name", None)
+    if where != node:
+        raise BoundElsewhereError(f"pod {namespace}/{name} is bound to {where!r}, not {node!r}")
 
 
 async def annotate(pods: Sequence[tuple[str, str]], annotations: Mapping[str, str | None]) -> None:
