@@ -88,6 +88,7 @@ async def main_loop(
     sweeper = cleanup.Sweeper()
     assumed = world.Assumed()  # what this loop wrote and the pod index does not show yet
     lagged = Lagged(float(os.environ.get(LAG_VARIABLE) or 0))
+    leases = recovery.LeaseClock()
 
     def read() -> world.World:
         index = lagged.read({key: list(store) for key, store in gang_pods.items()})
@@ -98,7 +99,7 @@ async def main_loop(
             pods=assumed.view(index),
             workloads=[*_all(training_jobs), *_all(inference_services)],
             unreachable=recovery.unreachable(),
-            stale=recovery.stale_leases(_first(node_leases), clock.SYSTEM.now().timestamp()),
+            stale=leases.observe(_first(node_leases), clock.SYSTEM.monotonic()),
         )
 
     while not stopped:

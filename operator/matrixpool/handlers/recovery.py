@@ -206,10 +206,35 @@ def node_leases(name: str, spec: Mapping[str, Any], **_: Any) -> dict[str, tuple
     return {name: (when, float(spec.get("leaseDurationSeconds") or 40))}
 
 
+@dataclass
+class LeaseClock:
+    """When each node's Lease was last seen renewed, on the operator's own monotonic clock.
+
+    As kube-controller-manager's node lifecycle controller does, a Lease's age is measured from
+    when the *observed* renewTime last changed, not by comparing the kubelet's renewTime with
+    the operator's wall clock: a kubelet whose clock is off is not down, and an operator that
+    just started gives every node the full grace. Owned by the main loop."""
+
+    seen: dict[str, tuple[float, float]] = field(default_factory=dict)  # node → (renewTime,
+    # the monotonic instant it was first seen with that value)
+
+    def observe(self, leases: Mapping[str, tuple[float, float]], now: float) -> frozenset[str]:
+        """The stale nodes (:func:`stale_leases`) once ``leases`` (node → (renewTime,
+        duration)) are observed at monotonic ``now``."""
+        for node, (renewed, _) in leases.items():
+            known = self.seen.get(node)
+            if known is None or known[0] != renewed:
+                self.seen[node] = (renewed, now)
+        for node in set(self.seen) - set(leases):
+            del self.seen[node]  # the node and its Lease went
+        return stale_leases({n: (self.seen[n][1], d) for n, (_, d) in leases.items()}, now)
+
+
 def stale_leases(leases: Mapping[str, tuple[float, float]], now: float) -> frozenset[str]:
-    """Nodes whose kubelet has not renewed its Lease for three quarters of the lease's
-    duration (three missed renewals at the kubelet's quarter-duration pace): counted as down
-    before the node controller's grace (the whole duration, 40 s by default) marks them
+    """Nodes (→ (when the Lease was last renewed, its duration), on the clock of ``now``)
+    whose kubelet has not renewed its Lease for three quarters of the lease's duration (three
+    missed renewals at the kubelet's quarter-duration pace): counted as down before the node
+    controller's grace (the whole duration, 40 s by default) marks them
     NotReady, and before its pod eviction.
 
     When a quarter of all Leases or more are overdue at once, the API server (or the
