@@ -63,15 +63,42 @@ def workload(uid: str) -> Workload:
 
 
 def test_a_job_created_again_under_its_name_starts_clean() -> None:
+    state = loop.Controllers()
     first = workload("uid-1")
-    scheduler.MEMORY.failed[first.key] = ("MaxRecoveriesReached", "too many")
-    scheduler.MEMORY.replicas[first.key] = 3
-    recovery.STATE.deferred[first.key] = 1.0
-    identities = loop.forget_replaced({}, [first])
-    assert scheduler.MEMORY.failed[first.key][0] == "MaxRecoveriesReached"  # same object: kept
-    identities = loop.forget_replaced(identities, [first])
-    assert first.key in scheduler.MEMORY.failed
-    loop.forget_replaced(identities, [workload("uid-2")])
-    assert first.key not in scheduler.MEMORY.failed
-    assert first.key not in scheduler.MEMORY.replicas
-    assert first.key not in recovery.STATE.deferred
+    state.decisions.failed[first.uid] = ("MaxRecoveriesReached", "too many")
+    state.decisions.replicas[first.uid] = 3
+    state.recoveries.deferred[first.uid] = 1.0
+    state.sharing.status[first.uid] = {"checkpointRequest": None}
+    state.cycle.statuses[first.uid] = {"phase": "Failed"}
+    state.forget_replaced([first])
+    assert state.decisions.failed[first.uid][0] == "MaxRecoveriesReached"  # same object: kept
+    state.forget_replaced([first])
+    assert first.uid in state.decisions.failed
+    state.forget_replaced([workload("uid-2")])
+    assert first.uid not in state.decisions.failed
+    assert first.uid not in state.decisions.replicas
+    assert first.uid not in state.recoveries.deferred
+    assert first.uid not in state.sharing.status
+    assert first.uid not in state.cycle.statuses
+
+
+def test_the_handlers_keep_no_module_level_mutable_state() -> None:
+    """Everything the controllers remember lives in the loop's Controllers (issue 12): no
+    module of handlers/ holds an instance of a handlers class or a mutable container (but
+    the anchor's label selector, a constant kopf reads)."""
+    from matrixpool.handlers import background, cleanup, supernode, timeshare, workloads, world
+
+    modules = (background, cleanup, loop, recovery, scheduler, supernode, timeshare, workloads)
+    modules += (world,)
+    for module in modules:
+        found = [
+            name
+            for name, value in vars(module).items()
+            if not name.startswith("__")
+            and name != "LABEL"
+            and (
+                isinstance(value, dict | list | set)
+                or type(value).__module__.startswith("matrixpool.handlers")
+            )
+        ]
+        assert not found, f"{module.__name__} keeps module-level state: {found}"

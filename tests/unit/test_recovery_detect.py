@@ -8,6 +8,7 @@ import pytest
 
 from matrixpool import checkpoints, clock
 from matrixpool.handlers import recovery, scheduler
+from matrixpool.handlers.workloads import Workload
 from matrixpool.k8s import convert
 from matrixpool.placement import inventory
 from matrixpool_recovery import manifest, policy
@@ -165,17 +166,18 @@ def test_node_losses_wait_to_settle_but_a_failed_pod_is_decided_at_once(
 ) -> None:
     now = [100.0]
     monkeypatch.setattr(clock.SYSTEM, "monotonic", lambda: now[0])
-    monkeypatch.setattr(recovery, "STATE", recovery.State())
+    state = recovery.State()
+    a, b = (Workload("TrainingJob", "ns", n, f"uid-{n}", "", 1, None, None, {}) for n in "ab")
     down = [policy.Fault(policy.FaultKind.NODE_DOWN, policy.NodeName("n1"))]
     failed = [
         policy.Fault(policy.FaultKind.POD_FAILED, policy.NodeName("n2"), ranks=frozenset({2}))
     ]
-    assert recovery.settled("ns/a", failed)
-    assert not recovery.settled("ns/b", down)
+    assert recovery.settled(a, failed, state)
+    assert not recovery.settled(b, down, state)
     now[0] += recovery.SETTLE_SECONDS / 2
-    assert not recovery.settled("ns/b", down)
+    assert not recovery.settled(b, down, state)
     now[0] += recovery.SETTLE_SECONDS / 2
-    assert recovery.settled("ns/b", down)
+    assert recovery.settled(b, down, state)
 
 
 def test_a_recovering_jobs_new_pod_is_reserved_on_its_target_and_told_what_to_restore() -> None:

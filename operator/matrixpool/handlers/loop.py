@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import collections
 import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
@@ -83,12 +85,8 @@ async def main_loop(
     **_: Any,
 ) -> None:
     log.info("main loop started", namespace=namespace())
-    reported: dict[str, dict[str, Any]] = {}
-    identities: dict[str, str] = {}  # workload key -> the UID it had last loop
-    sweeper = cleanup.Sweeper()
-    assumed = world.Assumed()  # what this loop wrote and the pod index does not show yet
+    state = Controllers()
     lagged = Lagged(float(os.environ.get(LAG_VARIABLE) or 0))
-    leases = recovery.LeaseClock()
 
     def read() -> world.World:
         index = lagged.read({key: list(store) for key, store in gang_pods.items()})
@@ -96,24 +94,65 @@ async def main_loop(
             supernodes=_first(supernode_models),
             nodes=_all(node_facts),
             foreign=supernode.Facts.sum_held(pod_cards),
-            pods=assumed.view(index),
+            pods=state.assumed.view(index),
             workloads=[*_all(training_jobs), *_all(inference_services)],
-            unreachable=recovery.unreachable(),
-            stale=leases.observe(_first(node_leases), clock.SYSTEM.monotonic()),
+            unreachable=state.recoveries.unreachable(clock.SYSTEM.monotonic()),
+            stale=state.leases.observe(_first(node_leases), clock.SYSTEM.monotonic()),
+            decisions=state.decisions,
+            shares=state.shares,
         )
 
     while not stopped:
         try:
-            now = read()
-            identities = forget_replaced(identities, now.workloads)
-            cleanup.sweep(sweeper, now.nodes, now.workloads)
-            await recovery.run(now)
-            await scheduler.run_cycle(read, assumed)
-            await supernode.report(read(), reported)
+            await one_pass(state, read)
         except Exception:  # one bad cycle must not stop scheduling; the next one retries
             log.exception("cycle failed; retrying")
             await stopped.wait(ERROR_BACKOFF_SECONDS)
         await stopped.wait(CYCLE_SECONDS)
+
+
+async def one_pass(state: Controllers, read: Callable[[], world.World]) -> None:
+    """1 read the world, forget what went; 2 recovery; 3 time-sharing's allowances;
+    4 the scheduling cycle; 5 the SuperNodes' status."""
+    now = read()
+    state.forget_replaced(now.workloads)
+    cleanup.sweep(state.sweeper, now.nodes, now.workloads)
+    await recovery.run(now, state.recoveries)
+    state.shares = await timeshare.share(read(), state.sharing)
+    await scheduler.run_cycle(read, state.cycle, state.assumed)
+    await supernode.report(read(), state.reported, state.sharing.transition_status)
+
+
+@dataclass
+class Controllers:
+    """Everything the controllers remember between passes. One instance per running loop,
+    owned by it (``handlers/`` keeps no module-level state); workloads are known by UID, and
+    what is known of one is dropped when it goes or its name passes to a new object."""
+
+    decisions: world.Decisions = field(default_factory=world.Decisions)
+    assumed: world.Assumed = field(default_factory=world.Assumed)
+    shares: world.Shares = field(default_factory=world.Shares)  # time-sharing's, last pass
+    cycle: scheduler.Memory = field(default_factory=scheduler.Memory)
+    recoveries: recovery.State = field(default_factory=recovery.State)
+    sharing: timeshare.Memory = field(default_factory=timeshare.Memory)
+    leases: recovery.LeaseClock = field(default_factory=recovery.LeaseClock)
+    sweeper: cleanup.Sweeper = field(default_factory=cleanup.Sweeper)
+    reported: dict[str, dict[str, Any]] = field(default_factory=dict)  # SuperNode → status
+    identities: dict[str, str] = field(default_factory=dict)  # workload key → its UID
+
+    def forget_replaced(self, current: Sequence[workloads.Workload]) -> None:
+        """Drop what the controllers remember of workloads that went, or whose name now
+        belongs to an object with another UID (deleted and created again: a new job starts
+        clean)."""
+        now = {w.key: w.uid for w in current}
+        for key, uid in self.identities.items():
+            if now.get(key) != uid:
+                log.info("forgetting a workload that went or was replaced", key=key, uid=uid)
+                self.decisions.forget(uid)
+                self.cycle.forget(uid, key)
+                self.recoveries.forget(uid)
+                self.sharing.forget(uid, key)
+        self.identities = now
 
 
 class Lagged:
@@ -132,21 +171,6 @@ class Lagged:
         while len(self.history) > 1 and self.history[1][0] <= now - self.lag:
             self.history.popleft()
         return self.history[0][1]
-
-
-def forget_replaced(
-    identities: dict[str, str], current: list[workloads.Workload]
-) -> dict[str, str]:
-    """Drop what the controllers remember of workloads that went, or whose name now belongs
-    to an object with another UID (deleted and created again: a new job starts clean)."""
-    now = {w.key: w.uid for w in current}
-    for key, uid in identities.items():
-        if now.get(key) != uid:
-            log.info("forgetting a workload that went or was replaced", key=key, uid=uid)
-            scheduler.forget(key)
-            recovery.forget(key)
-            timeshare.forget(key)
-    return now
 
 
 def _all(index: kopf.Index[str, Any]) -> list[Any]:

@@ -13,8 +13,9 @@ Per TrainingJob whose gang is bound, each loop:
 2. **Decide**: ask the daemons of the job's supernodes (and the tier-3 URI) which copies
    survive (:mod:`matrixpool.checkpoints`), find the free spares, call ``policy.decide``.
 3. **Write the plan first**: ``status.recovering`` (level, targets, cards, what each rank
-   restores) and the scheduler's memory, before any pod is touched. An operator killed from here
-   on is followed by one that reads the plan back and finishes it, once.
+   restores) and the read model's decisions (``handlers.world.Decisions``), before any pod is
+   touched. An operator killed from here on is followed by one that reads the plan back and
+   finishes it, once.
 4. **Carry out** (idempotent, every loop until done): InPlace and SpareSwap delete the hit
    ranks' pods; the scheduler recreates them already reserved on their target node and cards
    (:func:`matrixpool.handlers.scheduler.pin`) and binds them; the other ranks get the new
@@ -40,7 +41,7 @@ import asyncio
 import datetime
 import os
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -49,7 +50,8 @@ import structlog
 
 from matrixpool import checkpoints, clock, metrics
 from matrixpool.api import common, labels, trainingjob
-from matrixpool.handlers import scheduler, world
+from matrixpool.handlers import background
+from matrixpool.handlers import world as read_model
 from matrixpool.handlers.workloads import Workload
 from matrixpool.k8s import convert, pods
 from matrixpool.k8s import status as k8s_status
@@ -72,7 +74,8 @@ BACKOFF_MAX = 300.0  # ... doubling with each failure in a row, up to this
 
 @dataclass
 class State:
-    """What the recovery controller remembers between loops (safe to lose)."""
+    """What the recovery controller remembers between loops, by job UID (safe to lose). Owned
+    by the main loop."""
 
     silent_since: dict[str, float] = field(default_factory=dict)  # node → first failed probe
     probed_at: float = float("-inf")
@@ -85,6 +88,7 @@ class State:
     deferred: dict[str, float] = field(default_factory=dict)  # job → when it may be tried again
     # job UID → (failed steps in a row, monotonic time before which it is not tried again)
     backoff: dict[str, tuple[int, float]] = field(default_factory=dict)
+    tasks: background.Tasks = field(default_factory=background.Tasks)  # probe, polls by job
 
     def unreachable(self, now: float) -> frozenset[str]:
         return frozenset(n for n, t in self.silent_since.items() if now - t >= UNREACHABLE_AFTER)
@@ -110,61 +114,68 @@ class State:
         for uid in [u for u in self.backoff if u not in alive]:
             del self.backoff[uid]
 
+    def forget(self, uid: str) -> None:
+        """Drop what is remembered of the job ``uid`` (it went, or its name was reused)."""
+        for remembered in (
+            self.polled_at,
+            self.checkpoints,
+            self.first_seen,
+            self.deferred,
+            self.backoff,
+        ):
+            remembered.pop(uid, None)
+        self.tasks.cancel(uid)
 
-STATE = State()
 
-
-def unreachable() -> frozenset[str]:
-    """Nodes whose checkpoint daemon is silent now (the scheduler places nothing there)."""
-    return STATE.unreachable(clock.SYSTEM.monotonic())
-
-
-async def run(world: world.World) -> None:
-    """One pass: probe the daemons, then detect, decide, carry out and record per job."""
-    await probe(world)
+async def run(world: read_model.World, state: State) -> None:
+    """One pass: start the daemons' probe, then detect, decide, carry out and record per job
+    (the probe's answers count from the pass after they come)."""
+    probe(world, state)
     nodes: dict[str, inventory.NodeInfo] = {n.name: n for n in world.nodes}
-    lost = unreachable()
-    STATE.forget_gone(w.uid for w in world.workloads)
+    lost = state.unreachable(clock.SYSTEM.monotonic())
+    state.forget_gone(w.uid for w in world.workloads)
     for workload in world.workloads:
         if not isinstance(workload.model, trainingjob.TrainingJob):
             continue
-        if scheduler.failed_reason(workload) is not None:
+        if read_model.failed_reason(world, workload) is not None:
             continue
-        if STATE.backing_off(workload.uid, clock.SYSTEM.monotonic()):
+        if state.backing_off(workload.uid, clock.SYSTEM.monotonic()):
             continue
         try:
-            done = await step(workload, world, nodes, lost)
+            done = await step(workload, world, nodes, lost, state)
         except Exception as error:  # one job's trouble must not stop the others' recoveries
-            back_off(workload, error)
+            back_off(workload, error, state)
         else:
             if done:
-                STATE.backoff.pop(workload.uid, None)
+                state.backoff.pop(workload.uid, None)
 
 
 async def step(
     workload: Workload,
-    world: scheduler.World,
+    world: read_model.World,
     nodes: Mapping[str, inventory.NodeInfo],
     lost: frozenset[str],
+    state: State,
 ) -> bool:
     """Detect, decide or carry out for one job; False when nothing was tried (a recovery
     deferred, or faults still settling)."""
     facts = world.pods.get(workload.key, [])
-    recovery = scheduler.recovery_of(workload)
+    recovery = read_model.recovery_of(world, workload)
     if recovery:
-        await carry_out(workload, recovery, facts, nodes, lost)
+        await carry_out(workload, recovery, facts, nodes, lost, world, state)
         return True
-    faults = detect(world_size(workload), facts, nodes, lost, workload, world.stale)
+    size = read_model.replicas_now(world, workload)
+    faults = detect(size, facts, nodes, lost, workload, world.stale)
     if not faults:
-        STATE.first_seen.pop(workload.key, None)
-        await poll_checkpoints(workload, facts, nodes)
+        state.first_seen.pop(workload.uid, None)
+        poll_checkpoints(workload, facts, nodes, world, state)
         return True
-    if STATE.deferred.get(workload.key, 0.0) > clock.SYSTEM.monotonic():
+    if state.deferred.get(workload.uid, 0.0) > clock.SYSTEM.monotonic():
         return False  # a recovery that was impossible, retried later
-    if not settled(workload.key, faults):
+    if not settled(workload, faults, state):
         return False
-    _, detected = STATE.first_seen.pop(workload.key)
-    await start(workload, faults, world, lost, detected)
+    _, detected = state.first_seen.pop(workload.uid)
+    await start(workload, faults, world, lost, detected, state)
     return True
 
 
@@ -174,9 +185,9 @@ def backoff_delay(failures: int) -> float:
     return float(min(BACKOFF_FIRST * 2 ** min(failures - 1, 32), BACKOFF_MAX))
 
 
-def back_off(workload: Workload, error: Exception) -> None:
+def back_off(workload: Workload, error: Exception, state: State) -> None:
     """A step of ``workload`` failed: wait before trying it again, and say so."""
-    delay = STATE.failed(workload.uid, clock.SYSTEM.monotonic())
+    delay = state.failed(workload.uid, clock.SYSTEM.monotonic())
     log.exception("recovery step failed; backing off", job=workload.key, delay=delay)
     _event(
         workload,
@@ -248,16 +259,17 @@ def stale_leases(leases: Mapping[str, tuple[float, float]], now: float) -> froze
 # ---- heartbeat -------------------------------------------------------------------------------
 
 
-async def probe(world: world.World) -> None:
+def probe(world: read_model.World, state: State) -> None:
     """Probe the daemons under training ranks every PROBE_SECONDS, the others (spares and
-    idle nodes, where a gang may land) every IDLE_PROBE_SECONDS."""
+    idle nodes, where a gang may land) every IDLE_PROBE_SECONDS, in a task of its own
+    (:mod:`matrixpool.handlers.background`): a daemon slow to answer never holds the loop."""
     now = clock.SYSTEM.monotonic()
-    if now - STATE.probed_at < PROBE_SECONDS:
+    if now - state.probed_at < PROBE_SECONDS or state.tasks.busy("probe"):
         return
-    STATE.probed_at = now
-    everyone = now - STATE.idle_probed_at >= IDLE_PROBE_SECONDS
+    state.probed_at = now
+    everyone = now - state.idle_probed_at >= IDLE_PROBE_SECONDS
     if everyone:
-        STATE.idle_probed_at = now
+        state.idle_probed_at = now
     busy = {
         p.node
         for w in world.workloads
@@ -268,18 +280,25 @@ async def probe(world: world.World) -> None:
     endpoints: dict[str, str] = {
         n.name: n.endpoint
         for n in world.nodes
-        if n.endpoint and (everyone or n.name in busy or n.name in STATE.silent_since)
+        if n.endpoint and (everyone or n.name in busy or n.name in state.silent_since)
     }
+    published = {n.name for n in world.nodes if n.endpoint}
+    state.tasks.start("probe", heartbeat(endpoints, published, now, state))
+
+
+async def heartbeat(
+    endpoints: Mapping[str, str], published: Collection[str], now: float, state: State
+) -> None:
+    """One probe of ``endpoints``; a daemon that does not answer is silent since ``now``."""
     answers = await checkpoints.probe(endpoints)
     for node, healthy in answers.items():
         if healthy:
-            STATE.silent_since.pop(node, None)
+            state.silent_since.pop(node, None)
         else:
-            STATE.silent_since.setdefault(node, now)
-    published = {n.name for n in world.nodes if n.endpoint}
-    for node in list(STATE.silent_since):
+            state.silent_since.setdefault(node, now)
+    for node in list(state.silent_since):
         if node not in published:  # the node or its daemon's endpoint is gone
-            del STATE.silent_since[node]
+            del state.silent_since[node]
 
 
 # ---- 1. detect -------------------------------------------------------------------------------
@@ -335,22 +354,17 @@ def workload_suspended(workload: Workload | None) -> bool:
     return workload is not None and workload.status.get("phase") == "Suspended"
 
 
-def world_size(workload: Workload) -> int:
-    """The ranks the job runs now (an elastic job may be shrunk below spec.replicas)."""
-    return scheduler.effective_replicas(workload, scheduler.MEMORY.replicas.get(workload.key))
-
-
-def settled(job: str, faults: list[policy.Fault]) -> bool:
+def settled(workload: Workload, faults: list[policy.Fault], state: State) -> bool:
     """Node losses are decided SETTLE_SECONDS after the first shows, so that a rack losing
     power (its nodes going NotReady a few hundred milliseconds apart) is one recovery, not one
     per node; a lost node's silent daemon joins its NodeDown the same way. A failed pod or a
     bad card on a healthy node is decided at once."""
     now = clock.SYSTEM.monotonic()
-    first, _ = STATE.first_seen.setdefault(job, (now, clock.SYSTEM.now()))
+    first, _ = state.first_seen.setdefault(workload.uid, (now, clock.SYSTEM.now()))
     losses = any(f.kind in policy.NODE_LOSSES for f in faults)
     if losses and now - first < SETTLE_SECONDS:
         return False
-    log.info("faults settled", job=job, faults=[f.describe() for f in faults])
+    log.info("faults settled", job=workload.key, faults=[f.describe() for f in faults])
     return True
 
 
@@ -360,9 +374,10 @@ def settled(job: str, faults: list[policy.Fault]) -> bool:
 async def start(
     workload: Workload,
     faults: list[policy.Fault],
-    world: world.World,
+    world: read_model.World,
     lost: frozenset[str],
     detected: datetime.datetime,
+    state: State,
 ) -> None:
     """Decide, write the plan, start carrying it out; ``detected``: when the fault showed."""
     assert isinstance(workload.model, trainingjob.TrainingJob)
@@ -370,12 +385,12 @@ async def start(
     for fault in faults:
         metrics.FAULTS.labels(fault.kind.value).inc()
     facts = [p for p in world.pods.get(workload.key, []) if not p.deleting and p.node]
-    topologies = scheduler.topologies(world)
+    topologies = read_model.topologies(world)
     supernode_of = {str(s.name): t.name for t in topologies for s in t.nodes}
     nodes: dict[str, inventory.NodeInfo] = {n.name: n for n in world.nodes}
     view = policy.JobView(
         key=workload.key,
-        world_size=world_size(workload),
+        world_size=read_model.replicas_now(world, workload),
         node_of={p.rank: policy.NodeName(p.node or "") for p in facts},
         cards_of={p.rank: frozenset(p.cards) for p in facts},
         rack_of={
@@ -397,10 +412,10 @@ async def start(
     }
     persistent = spec.checkpoint.persistent.uri if spec.checkpoint.persistent else None
     job = workload.uid
-    snapshot = engine.Snapshot.build(topologies, scheduler.holdings(world))
+    snapshot = engine.Snapshot.build(topologies, read_model.holdings(world))
     for attempt in range(1, DECIDE_ATTEMPTS + 1):
         found = await checkpoints.inventory(job, endpoints, persistent)
-        STATE.silent(found.unreachable, clock.SYSTEM.monotonic())
+        state.silent(found.unreachable, clock.SYSTEM.monotonic())
         spares = policy.Spares(
             nodes={
                 t.name: tuple(
@@ -414,7 +429,7 @@ async def start(
                 policy.NodeName(n.name): n.labels.get(labels.RACK, n.name) for n in world.nodes
             },
         )
-        known = (newest_saved(workload), found.newest_complete(view.world_size))
+        known = (newest_saved(workload, state), found.newest_complete(view.world_size))
         saved = max((s for s in known if s is not None), default=None)
         copies = list(copies_of(found.timeline(), view))
         outcome = policy.decide(faults, view, copies, spares, newest_saved_step=saved)
@@ -425,10 +440,10 @@ async def start(
                 # Silent daemons under Ready nodes with Running ranks: the ranks still train
                 # (they cannot checkpoint). Failing the job would lose more than waiting.
                 _event(workload, "Warning", "RecoveryDeferred", f"{outcome.reason}; waiting")
-                STATE.deferred[workload.key] = clock.SYSTEM.monotonic() + DEFER_SECONDS
+                state.deferred[workload.uid] = clock.SYSTEM.monotonic() + DEFER_SECONDS
                 log.warning("recovery deferred", job=workload.key, reason=outcome.reason)
                 return
-            await fail(workload, outcome, detected)
+            await fail(workload, outcome, detected, world)
             return
         # The ranks still running go on saving until they reload: pin the chosen step on
         # the daemons holding it, then check it is still there (it may have gone meanwhile).
@@ -445,7 +460,7 @@ async def start(
     assert isinstance(outcome, policy.Plan)  # a Failed outcome returned above
     recovery = plan_record(workload, outcome, view, found, detected)
     recovery["pinned"] = pinned
-    scheduler.MEMORY.recovering[workload.key] = recovery
+    world.decisions.recovering[workload.uid] = recovery
     await k8s_status.patch_status(
         trainingjob.PLURAL,
         workload.namespace,
@@ -473,7 +488,8 @@ async def start(
     )
     if pause := float(os.environ.get(PAUSE_VARIABLE) or 0):
         await asyncio.sleep(pause)  # chaos tests kill the operator here
-    await carry_out(workload, recovery, world.pods.get(workload.key, []), nodes, lost)
+    facts = world.pods.get(workload.key, [])
+    await carry_out(workload, recovery, facts, nodes, lost, world, state)
 
 
 async def still_held(job: str, plan: policy.Plan, found: checkpoints.Inventory) -> bool:
@@ -499,10 +515,10 @@ def copies_of(holdings: Iterable[manifest.Holding], view: policy.JobView) -> Ite
             yield policy.Copy(h.rank, h.step, tier, policy.NodeName(h.node))
 
 
-def newest_saved(workload: Workload) -> int | None:
+def newest_saved(workload: Workload, state: State) -> int | None:
     """The newest step committed before the fault, as status.checkpoints last showed it (the
     daemons that survived may show a newer one: the caller takes the newer)."""
-    known = STATE.checkpoints.get(workload.key) or workload.status.get("checkpoints") or {}
+    known = state.checkpoints.get(workload.uid) or workload.status.get("checkpoints") or {}
     steps = [v for v in known.values() if isinstance(v, int)]
     return max(steps, default=None)
 
@@ -567,6 +583,8 @@ async def carry_out(
     facts: Sequence[convert.PodFacts],
     nodes: Mapping[str, inventory.NodeInfo],
     lost: frozenset[str],
+    world: read_model.World,
+    state: State,
 ) -> None:
     """Move the world one step toward the plan; finish when every rank runs again."""
     recovery_id = str(recovery["id"])
@@ -600,32 +618,34 @@ async def carry_out(
         return
     assert isinstance(workload.model, trainingjob.TrainingJob)
     ranks = {p.rank: p for p in facts if not p.deleting}
-    done = len(ranks) >= world_size(workload) and all(
+    done = len(ranks) >= read_model.replicas_now(world, workload) and all(
         p.phase == "Running"
         and _recovery_id(p.restore) == recovery_id
         and (str(p.rank) not in targets or p.node == targets[str(p.rank)])
         for p in ranks.values()
     )
     if done:
-        await finish(workload, recovery)
+        await finish(workload, recovery, world, state)
 
 
-async def finish(workload: Workload, recovery: Mapping[str, Any]) -> None:
+async def finish(
+    workload: Workload, recovery: Mapping[str, Any], world: read_model.World, state: State
+) -> None:
     recovered = clock.SYSTEM.now()
     detected = datetime.datetime.fromisoformat(str(recovery["detectedAt"]).replace("Z", "+00:00"))
     await checkpoints.pin(workload.uid, recovery.get("pinned") or [], None)
     record = {
         k: v for k, v in recovery.items() if k not in ("targets", "cards", "restore", "pinned")
     } | {"recoveredAt": recovered.isoformat().replace("+00:00", "Z")}
-    seen = recovery["id"] in STATE.recorded
+    seen = recovery["id"] in state.recorded
     await k8s_status.patch_status(
         trainingjob.PLURAL,
         workload.namespace,
         workload.name,
         recorded(workload.status, record, seen=seen) | {"recovering": None},
     )
-    STATE.recorded.add(str(recovery["id"]))
-    scheduler.MEMORY.recovering[workload.key] = None
+    state.recorded.add(str(recovery["id"]))
+    world.decisions.recovering[workload.uid] = None
     seconds = (recovered - detected).total_seconds()
     level = str(recovery["level"])
     metrics.RECOVERIES.labels(level).inc()
@@ -640,9 +660,14 @@ async def finish(workload: Workload, recovery: Mapping[str, Any]) -> None:
     log.info("recovered", job=workload.key, level=level, seconds=round(seconds, 2))
 
 
-async def fail(workload: Workload, failed: policy.Failed, detected: datetime.datetime) -> None:
+async def fail(
+    workload: Workload,
+    failed: policy.Failed,
+    detected: datetime.datetime,
+    world: read_model.World,
+) -> None:
     """No recovery: the job fails with the reason, and gives its cards back."""
-    scheduler.MEMORY.failed[workload.key] = (failed.code, failed.reason)
+    world.decisions.failed[workload.uid] = (failed.code, failed.reason)
     condition = common.Condition(
         type="Failed",
         status=common.ConditionStatus.TRUE,
@@ -690,15 +715,21 @@ def recovery_count(status: Mapping[str, Any]) -> int:
 # ---- status.checkpoints ----------------------------------------------------------------------
 
 
-async def poll_checkpoints(
-    workload: Workload, facts: Sequence[convert.PodFacts], nodes: Mapping[str, inventory.NodeInfo]
+def poll_checkpoints(
+    workload: Workload,
+    facts: Sequence[convert.PodFacts],
+    nodes: Mapping[str, inventory.NodeInfo],
+    world: read_model.World,
+    state: State,
 ) -> None:
-    """status.checkpoints from the daemons of the job's nodes, every POLL_SECONDS."""
+    """status.checkpoints from the daemons of the job's nodes, every POLL_SECONDS, in a task
+    of its own (never two at once for a job)."""
     assert isinstance(workload.model, trainingjob.TrainingJob)
     now = clock.SYSTEM.monotonic()
-    if now - STATE.polled_at.get(workload.key, float("-inf")) < POLL_SECONDS:
+    due = now - state.polled_at.get(workload.uid, float("-inf")) >= POLL_SECONDS
+    if not due or state.tasks.busy(workload.uid):
         return
-    STATE.polled_at[workload.key] = now
+    state.polled_at[workload.uid] = now
     endpoints = {
         p.node: nodes[p.node].endpoint
         for p in facts
@@ -708,12 +739,23 @@ async def poll_checkpoints(
         return
     spec = workload.model.spec
     persistent = spec.checkpoint.persistent.uri if spec.checkpoint.persistent else None
-    found = await checkpoints.inventory(workload.uid, endpoints, persistent)
-    committed = found.committed(world_size(workload))
-    known = STATE.checkpoints.get(workload.key) or workload.status.get("checkpoints") or {}
+    size = read_model.replicas_now(world, workload)
+    state.tasks.start(workload.uid, _poll(workload, endpoints, persistent, size, state))
+
+
+async def _poll(
+    workload: Workload,
+    endpoints: Mapping[str, str],
+    persistent: str | None,
+    world_size: int,
+    state: State,
+) -> None:
+    found = await checkpoints.inventory(workload.uid, dict(endpoints), persistent)
+    committed = found.committed(world_size)
+    known = state.checkpoints.get(workload.uid) or workload.status.get("checkpoints") or {}
     merged = {t: _kept(committed.get(t), known.get(t)) for t in ("memory", "local", "persistent")}
     if merged != {t: known.get(t) for t in merged}:
-        STATE.checkpoints[workload.key] = merged
+        state.checkpoints[workload.uid] = merged
         await k8s_status.patch_status(
             trainingjob.PLURAL, workload.namespace, workload.name, {"checkpoints": merged}
         )
@@ -728,12 +770,6 @@ def _kept(found: int | None, known: Any) -> int | None:
 
 
 # ---- helpers ---------------------------------------------------------------------------------
-
-
-def forget(key: str) -> None:
-    """Drop what is remembered of the job ``key`` (it went, or was replaced)."""
-    for remembered in (STATE.polled_at, STATE.checkpoints, STATE.first_seen, STATE.deferred):
-        remembered.pop(key, None)
 
 
 def _recovery_id(value: str) -> str:

@@ -26,53 +26,41 @@ import structlog
 
 from matrixpool import clock, metrics
 from matrixpool.api import common, inferenceservice, labels, trainingjob
-from matrixpool.handlers import timeshare
+from matrixpool.handlers import world as read_model
 from matrixpool.handlers.workloads import Workload
 from matrixpool.handlers.world import Assumed, World
 from matrixpool.k8s import configmaps, convert, pods
 from matrixpool.k8s import status as k8s_status
-from matrixpool.placement import engine, gangs, inventory, model
+from matrixpool.placement import engine, gangs, model
 
 log = structlog.get_logger(__name__)
 
 
 @dataclass
 class Memory:
-    """What the cycle remembers between runs (all of it can be lost safely)."""
+    """What the cycle remembers between runs, by workload UID (all of it can be lost safely).
+    Owned by the main loop."""
 
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     reasons: dict[str, model.Reason] = field(default_factory=dict)  # gang → why it waits
-    expert_maps: dict[str, str] = field(default_factory=dict)  # configmap → content written
+    expert_maps: dict[str, str] = field(default_factory=dict)  # workload → content written
     statuses: dict[str, dict[str, Any]] = field(default_factory=dict)  # workload → last patch
-    replicas: dict[str, int] = field(default_factory=dict)  # job → replicas after shrink/grow
-    # job → the recovery under way (wire form of status.recovering), None once finished; the
-    # recovery controller (handlers.recovery) writes it ahead of the status, which may lag.
-    recovering: dict[str, dict[str, Any] | None] = field(default_factory=dict)
-    # job → (reason code, message) of its failure: no more pods, a Failed condition
-    failed: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+    def forget(self, uid: str, key: str) -> None:
+        """Drop what is remembered of the workload ``uid`` (named ``key``): it went, or its
+        name now belongs to another object."""
+        self.statuses.pop(uid, None)
+        self.expert_maps.pop(uid, None)
+        for gang in [g for g in self.reasons if g == key or g.startswith(key + "/")]:
+            del self.reasons[gang]
 
 
-MEMORY = Memory()
-
-
-def forget(key: str) -> None:
-    """Drop what the cycle remembers of the workload ``key`` (it went, or was replaced)."""
-    for remembered in (
-        MEMORY.statuses,
-        MEMORY.replicas,
-        MEMORY.recovering,
-        MEMORY.failed,
-        MEMORY.expert_maps,
-    ):
-        remembered.pop(key, None)
-
-
-async def run_cycle(world_reader: Any, assumed: Assumed) -> None:
+async def run_cycle(world_reader: Any, memory: Memory, assumed: Assumed) -> None:
     """Run one cycle; ``world_reader()`` → World. Serialized by a lock, as a safety net.
     What the cycle reserves, binds and deletes goes into ``assumed``."""
-    async with MEMORY.lock:
+    async with memory.lock:
         with metrics.CYCLE_SECONDS.time():
-            await Cycle(world_reader(), MEMORY, assumed).run()
+            await Cycle(world_reader(), memory, assumed).run()
 
 
 class Cycle:
@@ -84,15 +72,14 @@ class Cycle:
         self.assumed = assumed if assumed is not None else Assumed()
         self.preempted = False
         self.by_gang: dict[model.GangKey, tuple[Workload, gangs.Gang]] = {}  # set by run()
-        self.shares = timeshare.Shares()  # time-sharing allowances, set by run()
-        self.topologies = topologies(world)
+        self.shares = world.shares  # time-sharing's allowances (handlers.timeshare)
+        self.topologies = read_model.topologies(world)
         self.supernode_of: dict[str, str] = {
             str(n.name): t.name for t in self.topologies for n in t.nodes
         }
         self.sizes = {t.name: max((n.cards for n in t.nodes), default=0) for t in self.topologies}
 
     async def run(self) -> None:
-        self.shares = await timeshare.share(self.world, self.sizes, self.supernode_of)  # 1b
         wanted = {w.key: self.gangs_of(w) for w in self.world.workloads if w.model}  # phase 2
         by_key = {w.key: w for w in self.world.workloads}
         self.by_gang = {g.request.gang: (by_key[key], g) for key, gs in wanted.items() for g in gs}
@@ -108,7 +95,7 @@ class Cycle:
 
     def gangs_of(self, workload: Workload) -> list[gangs.Gang]:
         if isinstance(workload.model, trainingjob.TrainingJob):
-            if failed_reason(workload) is not None:
+            if read_model.failed_reason(self.world, workload) is not None:
                 return []  # a failed job keeps no pods
             spec = workload.model.spec
             size = self.sizes.get(spec.super_node or "") or max(self.sizes.values(), default=0)
@@ -133,7 +120,7 @@ class Cycle:
             names = {p.name for p in plans}
             template = self.template(workload)
             resource = self.card_resource(workload)
-            recovery = recovery_of(workload)
+            recovery = read_model.recovery_of(self.world, workload)
             create = [
                 pin(pods.manifest(plan, template(plan.role), workload.ref, resource), recovery)
                 for plan in plans
@@ -206,7 +193,7 @@ class Cycle:
     # ---- phase 5: place, highest priority first ---------------------------------------------
 
     async def place(self, pending: list[Pending]) -> list[Binding]:
-        snapshot = engine.Snapshot.build(self.topologies, holdings(self.world))
+        snapshot = engine.Snapshot.build(self.topologies, read_model.holdings(self.world))
         victims = {key: gang.request for key, (_, gang) in self.by_gang.items()}
         bindings: list[Binding] = []
         never: set[model.GangKey] = set()  # gangs that can never be served: they block nobody
@@ -286,7 +273,7 @@ class Cycle:
         for key in plan.evict:
             workload, gang = self.by_gang[key]
             doomed += [(p.namespace, p.name) for p in gang.pods]
-            self.memory.statuses.pop(workload.key, None)
+            self.memory.statuses.pop(workload.uid, None)
             await self.mark_preempted(workload, item)
         metrics.PREEMPTIONS.labels("shrink").inc(len(plan.shrink))
         metrics.PREEMPTIONS.labels("evict").inc(len(plan.evict))
@@ -312,12 +299,10 @@ class Cycle:
         )
 
     def effective(self, workload: Workload) -> int:
-        if workload.key in self.shares.training:  # time-sharing decides (handlers.timeshare)
-            return self.shares.training[workload.key]
-        return effective_replicas(workload, self.memory.replicas.get(workload.key))
+        return read_model.replicas_now(self.world, workload)
 
     async def set_replicas(self, workload: Workload, replicas: int) -> None:
-        self.memory.replicas[workload.key] = replicas
+        self.world.decisions.replicas[workload.uid] = replicas
         await k8s_status.patch_status(
             trainingjob.PLURAL,
             workload.namespace,
@@ -435,16 +420,16 @@ class Cycle:
                     just_bound,
                     self.memory.reasons,
                     self.supernode_of,
-                    self.memory.replicas.get(workload.key),
+                    self.world,
                 )
                 status = self.shares.amend(workload.key, status)  # time-sharing phase, desired
                 plural = trainingjob.PLURAL
             else:
                 status = await self.inference_status(workload, plans, facts, just_bound)
                 plural = inferenceservice.PLURAL
-            if self.memory.statuses.get(workload.key) != status:
+            if self.memory.statuses.get(workload.uid) != status:
                 await k8s_status.patch_status(plural, workload.namespace, workload.name, status)
-                self.memory.statuses[workload.key] = status
+                self.memory.statuses[workload.uid] = status
 
     async def inference_status(
         self,
@@ -525,9 +510,9 @@ class Cycle:
             replica = gang.pods[0].replica
             data[f"{role.name}-{replica}.json"] = json.dumps(mapping, separators=(",", ":"))
         content = json.dumps(data, sort_keys=True)
-        if data and self.memory.expert_maps.get(f"{workload.key}") != content:
+        if data and self.memory.expert_maps.get(workload.uid) != content:
             await configmaps.apply(workload.namespace, name, data, workload.ref)
-            self.memory.expert_maps[workload.key] = content
+            self.memory.expert_maps[workload.uid] = content
         return name if data else None
 
     def first_reason(self, plans: Iterable[gangs.Gang]) -> model.Reason | None:
@@ -575,71 +560,6 @@ def gang_state(present: Sequence[convert.PodFacts]) -> str:
     return "unplaced"
 
 
-def effective_replicas(workload: Workload, decided: int | None = None) -> int:
-    """The replicas a TrainingJob runs now: spec.replicas, unless preemption shrank it
-    (``decided`` this process's latest decision, else status.replicas.desired)."""
-    assert isinstance(workload.model, trainingjob.TrainingJob)
-    spec = workload.model.spec
-    shrunk = (
-        decided if decided is not None else (workload.status.get("replicas") or {}).get("desired")
-    )
-    if isinstance(shrunk, int) and spec.min_replicas <= shrunk < spec.replicas:
-        return shrunk
-    return spec.replicas
-
-
-def topologies(world: World) -> list[model.SuperNodeTopology]:
-    result = []
-    silent = world.unreachable | world.stale  # no daemon or no kubelet heartbeat: nothing new
-    for name, sn in sorted(world.supernodes.items()):
-        spec = sn.spec
-        selector = inventory.Selector.from_spec(common.to_wire(spec.node_selector))
-        groups = (
-            tuple(
-                tuple(model.CardId(c) for c in g if c < spec.cards_per_node)
-                for g in spec.card_groups
-            )
-            if spec.card_groups
-            else ()
-        )
-        slots = []
-        for node in inventory.members(selector, world.nodes):
-            cards = node.cards.get(spec.card_resource, 0)
-            foreign = world.foreign.get(node.name, {}).get(spec.card_resource, 0)
-            usable = (
-                frozenset(
-                    model.CardId(c) for c in range(cards - foreign) if c not in node.unhealthy
-                )
-                if node.ready and node.name not in silent
-                else frozenset()
-            )
-            domains = tuple(node.labels.get(k, "") for k in spec.topology_keys)
-            slots.append(model.NodeSlot(node.name, name, domains, cards, groups, usable))
-        slots.sort(key=lambda s: (s.domains, s.name))
-        result.append(
-            model.SuperNodeTopology(name, spec.card_resource, tuple(slots), spec.spares.nodes)
-        )
-    return result
-
-
-def recovery_of(workload: Workload) -> dict[str, Any] | None:
-    """The recovery under way for a TrainingJob (wire form), or None."""
-    if workload.kind != trainingjob.KIND:
-        return None
-    if workload.key in MEMORY.recovering:
-        return MEMORY.recovering[workload.key]
-    return cast("dict[str, Any] | None", workload.status.get("recovering"))
-
-
-def failed_reason(workload: Workload) -> str | None:
-    """Why a TrainingJob failed for good (maxRecoveries, no recovery possible), or None."""
-    if workload.key in MEMORY.failed:
-        return MEMORY.failed[workload.key][1]
-    if workload.status.get("phase") == trainingjob.Phase.FAILED.value:
-        return "failed"
-    return None
-
-
 def pin(pod: dict[str, Any], recovery: Mapping[str, Any] | None) -> dict[str, Any]:
     """A new pod of a recovering job: reserved on its target node and cards (InPlace,
     SpareSwap; the normal binding path finishes it) and told what to restore."""
@@ -658,54 +578,6 @@ def pin(pod: dict[str, Any], recovery: Mapping[str, Any] | None) -> dict[str, An
     return pod
 
 
-def pinned(world: World, priorities: Mapping[str, int]) -> list[model.Holding]:
-    """Cards a recovery has promised to ranks whose new pod does not exist yet: no other gang
-    may take them in between (the old pod is gone, the new one not yet created)."""
-    result = []
-    for workload in world.workloads:
-        recovery = recovery_of(workload)
-        if not recovery:
-            continue
-        present = {p.rank for p in world.pods.get(workload.key, []) if p.holds_cards}
-        for rank, node in (recovery.get("targets") or {}).items():
-            cards, _ = inventory.parse_card_list((recovery.get("cards") or {}).get(rank))
-            if int(rank) in present or not cards:
-                continue
-            result.append(
-                model.Holding(
-                    pod=model.PodKey(f"{workload.key}#pin-{rank}"),
-                    gang=model.GangKey(workload.key),
-                    node=inventory.NodeName(node),
-                    cards=frozenset(model.CardId(c) for c in cards),
-                    priority=priorities.get(workload.key, 1 << 30),
-                    spread_group=None,
-                )
-            )
-    return result
-
-
-def holdings(world: World) -> list[model.Holding]:
-    priorities = {w.key: _priority(w) for w in world.workloads}
-    result = pinned(world, priorities)
-    for owner, facts in world.pods.items():
-        for pod in facts:
-            if not pod.holds_cards:
-                continue
-            training = pod.kind == trainingjob.KIND
-            gang = owner if training else f"{owner}/{pod.role}/{pod.replica}"
-            result.append(
-                model.Holding(
-                    pod=model.PodKey(pod.key),
-                    gang=model.GangKey(gang),
-                    node=inventory.NodeName(pod.node or pod.reserved_node or ""),
-                    cards=frozenset(model.CardId(c) for c in pod.cards),
-                    priority=priorities.get(owner, 1 << 30),
-                    spread_group=None if training else f"{owner}/{pod.role}",
-                )
-            )
-    return result
-
-
 def training_status(
     workload: Workload,
     plans: list[gangs.Gang],
@@ -713,7 +585,7 @@ def training_status(
     just_bound: Mapping[model.PodKey, model.Assignment],
     reasons: Mapping[str, model.Reason],
     supernode_of: Mapping[str, str],
-    decided: int | None = None,
+    world: World,
 ) -> dict[str, Any]:
     by_name = {p.name: p for p in facts}
     all_pods = [p for g in plans for p in g.pods]
@@ -724,9 +596,9 @@ def training_status(
         "Preempted",
     )
     complete = bool(all_pods) and len(placed) == len(all_pods)
-    if failed_reason(workload) is not None:
+    if read_model.failed_reason(world, workload) is not None:
         phase = trainingjob.Phase.FAILED
-    elif recovery_of(workload):
+    elif read_model.recovery_of(world, workload):
         phase = trainingjob.Phase.RECOVERING
     elif complete:
         phase = (
@@ -745,8 +617,8 @@ def training_status(
         workload,
     )
     conditions = common.set_condition(_conditions(workload.status), scheduled)
-    if workload.key in MEMORY.failed:  # the index may not show the Failed condition yet
-        code, message = MEMORY.failed[workload.key]
+    if workload.uid in world.decisions.failed:  # the index may not show the Failed condition
+        code, message = world.decisions.failed[workload.uid]
         conditions = common.set_condition(
             conditions, _condition("Failed", True, code, message[:32768], workload)
         )
@@ -759,7 +631,7 @@ def training_status(
         "observedGeneration": workload.generation,
         "phase": phase.value,
         "replicas": {
-            "desired": effective_replicas(workload, decided),
+            "desired": read_model.replicas_now(world, workload),
             "bound": len(placed),
             "running": running,
         },
@@ -796,10 +668,6 @@ def _placement_summary(
             cards=sum(len(c) for _, c in placed),
         )
     )
-
-
-def _priority(workload: Workload) -> int:
-    return workload.model.spec.priority if workload.model else 0
 
 
 def _conditions(status: Mapping[str, Any]) -> list[common.Condition]:

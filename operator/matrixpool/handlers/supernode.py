@@ -9,7 +9,7 @@ starts, an operator killed at any moment converges to the same status when it co
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -19,7 +19,7 @@ import structlog
 
 from matrixpool import api, clock, metrics
 from matrixpool.api import common, inferenceservice, supernode, trainingjob
-from matrixpool.handlers import timeshare, world
+from matrixpool.handlers import world as read_model
 from matrixpool.k8s import convert
 from matrixpool.k8s import status as k8s_status
 from matrixpool.placement import inventory
@@ -58,15 +58,20 @@ def supernode_models(name: str, body: kopf.Body, **_: Any) -> dict[str, supernod
         return {}  # the CRD rejects such specs; if one slips through, it is left alone
 
 
-async def report(world: world.World, last: dict[str, dict[str, Any]]) -> None:
+async def report(
+    world: read_model.World,
+    last: dict[str, dict[str, Any]],
+    transitions: Callable[[str], dict[str, Any] | None] = lambda _: None,
+) -> None:
     """Patch the status of every SuperNode whose numbers or conditions changed.
 
-    ``last`` remembers what was written, so an unchanged status costs no API call.
+    ``last`` remembers what was written, so an unchanged status costs no API call;
+    ``transitions(name)`` is the time-sharing transition the loop follows (wire form), if any.
     """
     facts = Facts.collect(world)
     for name, sn in sorted(world.supernodes.items()):
         current = common.to_wire(sn.status)
-        desired = desired_status(name, sn, facts)
+        desired = desired_status(name, sn, facts, transitions(name))
         metrics.record_supernode(name, desired)
         if desired == last.get(name) or not _differs(desired, current):
             continue
@@ -85,7 +90,7 @@ class Facts:
     kinds: dict[str, dict[str, int]] = field(default_factory=dict)  # node → kind → cards held
 
     @classmethod
-    def collect(cls, world: world.World) -> Facts:
+    def collect(cls, world: read_model.World) -> Facts:
         """One pass over the gang pods, one selector per supernode."""
         ours: dict[str, int] = {}  # node → cards held by matrixpool's pods
         kinds: dict[str, dict[str, int]] = {}
@@ -119,7 +124,9 @@ class Facts:
         return held
 
 
-def desired_status(name: str, sn: supernode.SuperNode, facts: Facts) -> dict[str, Any]:
+def desired_status(
+    name: str, sn: supernode.SuperNode, facts: Facts, followed: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The status ``name`` should have, given the facts (pure)."""
     spec = sn.spec
     selector = inventory.Selector.from_spec(common.to_wire(spec.node_selector))
@@ -154,7 +161,7 @@ def desired_status(name: str, sn: supernode.SuperNode, facts: Facts) -> dict[str
             "spare_nodes": list(summary.spare_nodes),
             "window": window,
             "next_transition": next_transition,
-            "transition": _transition(name, sn),
+            "transition": _transition(followed, sn),
             "conditions": common.set_condition(sn.status.conditions, condition),
         }
     )
@@ -164,9 +171,10 @@ def desired_status(name: str, sn: supernode.SuperNode, facts: Facts) -> dict[str
     return wire
 
 
-def _transition(name: str, sn: supernode.SuperNode) -> supernode.Transition | None:
+def _transition(
+    followed: dict[str, Any] | None, sn: supernode.SuperNode
+) -> supernode.Transition | None:
     """The transition this process follows, else the one last written."""
-    followed = timeshare.transition_status(name)
     return supernode.Transition.model_validate(followed) if followed else sn.status.transition
 
 

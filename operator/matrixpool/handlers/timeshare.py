@@ -1,9 +1,10 @@
 """Time-sharing transitions: every scheduling cycle, per SuperNode with ``spec.timeSharing``, the
 window in force (scaled clock), its target split, and the allowances the scheduler obeys.
 
-Called by the scheduler cycle (:mod:`matrixpool.handlers.scheduler`) before it computes the
-gangs: :func:`share` returns :class:`Shares` (InferenceService role replicas, TrainingJob
-replicas, 0 = suspended), which ``Cycle.gangs_of`` / ``Cycle.effective`` use instead of the
+Called by the main loop (:mod:`matrixpool.handlers.loop`) before the scheduling cycle:
+:func:`share` returns the :class:`~matrixpool.handlers.world.Shares` (InferenceService role
+replicas, TrainingJob replicas, 0 = suspended) that the loop puts in the read model, where the
+scheduler (``Cycle.gangs_of``) and recovery (``world.replicas_now``) read them instead of the
 specs. Reconciling pods to those gangs is the scheduler's job; this module only decides and
 keeps the handshake with training. The pure rules are in :mod:`matrixpool.timeshare.transition`.
 
@@ -19,8 +20,9 @@ the pods' annotations; this process only caches it):
    checkpoint is only consistent when every rank saves the same step), and
    ``status.timeSharing.checkpointRequest`` records the id, the real time of the request and the
    newest step committed for every rank then (the baseline).
-2. Every cycle the daemons of the job's nodes are asked (at most every :data:`CHECK_SECONDS`)
-   whether a newer step is committed for every rank; once it is, or ``checkpointGraceSeconds``
+2. Every cycle the daemons of the job's nodes are asked (at most every :data:`CHECK_SECONDS`,
+   in a task of its own that leaves the answer for the next cycle) whether a newer step is
+   committed for every rank; once it is, or ``checkpointGraceSeconds``
    (real seconds, :data:`clock.SYSTEM`) have passed, the allowance drops and the scheduler deletes
    the pods above it. A suspension is recorded in ``status.timeSharing.suspensions`` with the
    step to resume from, whether the job answered in time and, when it did not, the steps lost.
@@ -51,6 +53,8 @@ import structlog
 
 from matrixpool import checkpoints, clock, metrics
 from matrixpool.api import common, inferenceservice, labels, supernode, trainingjob
+from matrixpool.handlers import background
+from matrixpool.handlers import world as read_model
 from matrixpool.handlers.workloads import Workload
 from matrixpool.handlers.world import World
 from matrixpool.k8s import convert, pods
@@ -66,31 +70,9 @@ BACKDATE_SECONDS = 5.0  # a boundary seen later than this (operator down) is not
 
 
 @dataclass
-class Shares:
-    """This cycle's allowances, for the workloads of time-shared SuperNodes only."""
-
-    inference: dict[str, dict[str, int]] = field(default_factory=dict)  # key → role → replicas
-    training: dict[str, int] = field(default_factory=dict)  # key → replicas; 0 = suspended
-    phases: dict[str, trainingjob.Phase] = field(default_factory=dict)  # Checkpointing, Suspended
-
-    def governs(self, key: str) -> bool:
-        return key in self.inference or key in self.training
-
-    def amend(self, key: str, status: dict[str, Any]) -> dict[str, Any]:
-        """A TrainingJob status the scheduler computed, with the time-sharing phase and the
-        allowed replicas as ``replicas.desired``."""
-        if key not in self.training:
-            return status
-        replicas = {**status.get("replicas", {}), "desired": self.training[key]}
-        amended = {**status, "replicas": replicas}
-        if key in self.phases:
-            amended["phase"] = self.phases[key].value
-        return amended
-
-
-@dataclass
 class Memory:
-    """What this process caches between cycles (all of it can be lost safely)."""
+    """What this process caches between cycles, jobs by UID (all of it can be lost safely).
+    Owned by the main loop."""
 
     status: dict[str, dict[str, Any]] = field(default_factory=dict)  # job → status.timeSharing
     checked: dict[str, tuple[float, int | None]] = field(default_factory=dict)  # job → last ask
@@ -100,22 +82,35 @@ class Memory:
     targets: dict[str, tuple[object, ...]] = field(default_factory=dict)  # supernode → signature
     transitions: dict[str, dict[str, Any]] = field(default_factory=dict)  # supernode → status
     annotated: set[tuple[str, str]] = field(default_factory=set)  # (pod, restore) written
+    tasks: background.Tasks = field(default_factory=background.Tasks)  # answers asked, by job
+
+    def forget(self, uid: str, key: str) -> None:
+        """Drop what is remembered of the workload ``uid`` (named ``key``): it went, or its
+        name now belongs to another object."""
+        for remembered in (self.status, self.checked, self.restores):
+            remembered.pop(uid, None)
+        self.tasks.cancel(uid)
+        self.annotated = {(pod, value) for pod, value in self.annotated if not _of(pod, key)}
+
+    def transition_status(self, name: str) -> dict[str, Any] | None:
+        """SuperNode status.transition (wire form) as this process follows it, or None."""
+        return self.transitions.get(name, {}).get("status")
 
 
-MEMORY = Memory()
-
-
-async def share(world: World, sizes: Mapping[str, int], supernode_of: Mapping[str, str]) -> Shares:
+async def share(world: World, memory: Memory) -> read_model.Shares:
     """The allowances of this cycle; carries out the handshakes on the way."""
-    shares = Shares()
+    shares = read_model.Shares()
     shared = sorted(n for n, sn in world.supernodes.items() if sn.spec.time_sharing is not None)
     if not shared:
         return shares
+    topologies = read_model.topologies(world)
+    supernode_of = {str(n.name): t.name for t in topologies for n in t.nodes}
+    sizes = {t.name: max((n.cards for n in t.nodes), default=0) for t in topologies}
     owners = attach(world.workloads, world.pods, supernode_of, shared)
     for name in shared:
         members = [w for w in world.workloads if owners.get(w.key) == name and w.model]
         try:
-            await Sharing(world, name, members, sizes.get(name, 0)).run(shares)
+            await Sharing(world, name, members, sizes.get(name, 0), memory).run(shares)
         except windows.UnknownTimezoneError as error:
             log.warning("time-sharing skipped", supernode=name, error=str(error))
     return shares
@@ -150,8 +145,11 @@ def attach(
 class Sharing:
     """One time-shared SuperNode in one cycle."""
 
-    def __init__(self, world: World, name: str, members: list[Workload], node_size: int) -> None:
+    def __init__(
+        self, world: World, name: str, members: list[Workload], node_size: int, memory: Memory
+    ) -> None:
         self.world = world
+        self.memory = memory
         self.name = name
         self.sn = world.supernodes[name]
         self.sharing = cast(supernode.TimeSharing, self.sn.spec.time_sharing)
@@ -166,7 +164,7 @@ class Sharing:
 
     # ---- the cycle -----------------------------------------------------------------------------
 
-    async def run(self, shares: Shares) -> None:
+    async def run(self, shares: read_model.Shares) -> None:
         target = split.target_split(self.pool_cards(), self.window, *self.demands())
         jobs = {w.key: w for w in self.members if w.kind == trainingjob.KIND}
         released: set[str] = set()
@@ -266,12 +264,12 @@ class Sharing:
 
     def status_of(self, job: Workload) -> dict[str, Any]:
         """status.timeSharing as this process last wrote it, else as the index shows it."""
-        if job.key not in MEMORY.status:
-            MEMORY.status[job.key] = dict(job.status.get("timeSharing") or {})
-        return MEMORY.status[job.key]
+        if job.uid not in self.memory.status:
+            self.memory.status[job.uid] = dict(job.status.get("timeSharing") or {})
+        return self.memory.status[job.uid]
 
     async def write(self, job: Workload, value: dict[str, Any]) -> None:
-        MEMORY.status[job.key] = value
+        self.memory.status[job.uid] = value
         wire = {**value, "checkpointRequest": value.get("checkpointRequest")}
         await k8s_status.patch_status(
             trainingjob.PLURAL, job.namespace, job.name, {"timeSharing": wire}
@@ -323,7 +321,7 @@ class Sharing:
                 [(p.namespace, p.name) for p in live], {labels.CHECKPOINT_REQUEST: request["id"]}
             )
             await self.write(job, {**state, "checkpointRequest": request})
-            MEMORY.checked.pop(job.key, None)
+            self.memory.checked.pop(job.uid, None)
             metrics.TIMESHARE_CHECKPOINTS.labels("asked").inc()
             _event(
                 job.ref,
@@ -336,11 +334,10 @@ class Sharing:
             log.info("checkpoint requested", job=job.key, request=request["id"], keep=keep)
             return False
         asked = trainingjob.CheckpointRequest.model_validate(request)
-        last, step = MEMORY.checked.get(job.key, (-math.inf, None))
+        last, step = self.memory.checked.get(job.uid, (-math.inf, None))
         monotonic = clock.SYSTEM.monotonic()
         if monotonic - last >= CHECK_SECONDS:
-            step, _ = await self.committed(job, len(live), nodes)
-            MEMORY.checked[job.key] = (monotonic, step)
+            self.memory.tasks.start(job.uid, self.check(job, len(live), nodes, monotonic, step))
         return transition.released(
             asked.baseline_step,
             step,
@@ -348,6 +345,15 @@ class Sharing:
             self.sharing.checkpoint_grace_seconds,
             self.real,
         )
+
+    async def check(
+        self, job: Workload, world_size: int, nodes: set[str], at: float, known: int | None
+    ) -> None:
+        """Ask the daemons whether the job answered (in a task of its own: the answer is
+        read by the next cycle, :mod:`matrixpool.handlers.background`)."""
+        self.memory.checked[job.uid] = (at, known)  # asked: not again before CHECK_SECONDS
+        step, _ = await self.committed(job, world_size, nodes)
+        self.memory.checked[job.uid] = (at, step)
 
     async def evicted(self, job: Workload, target: split.Split, allowance: int) -> None:
         """The job gives up its pods this cycle: record a suspension (once per request)."""
@@ -419,7 +425,7 @@ class Sharing:
         live = self.live(job.key)
         if not live:
             return
-        cached = MEMORY.restores.get(job.key)
+        cached = self.memory.restores.get(job.uid)
         if cached is None or cached[0] != record.request_id:
             step, found = await self.committed(job, record.world_size, whole=True)
             step = (
@@ -436,21 +442,21 @@ class Sharing:
                 of=found.incarnation_of(step),
             )
             cached = (record.request_id, value, step)
-            MEMORY.restores[job.key] = cached
+            self.memory.restores[job.uid] = cached
         _, value, step = cached
         if step is None:
             value = ""  # nothing was ever committed: a fresh start
-        unbound = [p for p in live if not p.node and (p.key, value) not in MEMORY.annotated]
+        unbound = [p for p in live if not p.node and (p.key, value) not in self.memory.annotated]
         if value and unbound:
             await pods.annotate([(p.namespace, p.name) for p in unbound], {labels.RESTORE: value})
-            MEMORY.annotated.update((p.key, value) for p in unbound)
+            self.memory.annotated.update((p.key, value) for p in unbound)
         per = self.per_replica(job)
         if len(live) == allowance * per and all(p.node for p in live):
             done = record.model_copy(update={"resumed_at": self.real, "restored_step": step})
             suspensions[-1] = common.to_wire(done)
             await self.write(job, {**state, "suspensions": suspensions})
-            MEMORY.restores.pop(job.key, None)
-            MEMORY.annotated = {a for a in MEMORY.annotated if a[1] != value}
+            self.memory.restores.pop(job.uid, None)
+            self.memory.annotated = {a for a in self.memory.annotated if a[1] != value}
             _event(
                 job.ref,
                 "Normal",
@@ -477,8 +483,8 @@ class Sharing:
     ) -> None:
         monotonic = clock.SYSTEM.monotonic()
         signature = transition.signature(target)
-        timeline = MEMORY.timelines.get(self.name)
-        if MEMORY.targets.get(self.name) != signature or timeline is None:
+        timeline = self.memory.timelines.get(self.name)
+        if self.memory.targets.get(self.name) != signature or timeline is None:
             lag = self.boundary_lag(timeline)
             timeline = transition.Timeline(
                 window=target.window,
@@ -486,8 +492,10 @@ class Sharing:
                 from_cards=self.cards(current),
                 to_cards=(target.inference_cards, target.training_cards),
             )
-            MEMORY.targets[self.name] = signature
-            MEMORY.transitions[self.name] = {"startedAt": self.real - dt.timedelta(seconds=lag)}
+            self.memory.targets[self.name] = signature
+            self.memory.transitions[self.name] = {
+                "startedAt": self.real - dt.timedelta(seconds=lag)
+            }
             self.announce(timeline, "TransitionStarted")
         bound = {
             split.WorkloadKey(w.key): all(p.node for p in self.live(w.key)) for w in self.members
@@ -495,8 +503,8 @@ class Sharing:
         settled = transition.in_place(target, current, bound)
         was = timeline.settled
         timeline = timeline.observe(monotonic, allowed, settled, asked=bool(allowed.checkpointing))
-        MEMORY.timelines[self.name] = timeline
-        started = MEMORY.transitions[self.name]["startedAt"]
+        self.memory.timelines[self.name] = timeline
+        started = self.memory.transitions[self.name]["startedAt"]
         record = supernode.Transition(
             window=timeline.window,
             started_at=started,
@@ -510,7 +518,10 @@ class Sharing:
             eviction_seconds=_round(timeline.eviction_seconds),
             placement_seconds=_round(timeline.placement_seconds),
         )
-        MEMORY.transitions[self.name] = {"startedAt": started, "status": common.to_wire(record)}
+        self.memory.transitions[self.name] = {
+            "startedAt": started,
+            "status": common.to_wire(record),
+        }
         if was is None and timeline.settled is not None:
             self.announce(timeline, "TransitionDone")
             metrics.TIMESHARE_TRANSITIONS.labels(self.name, str(timeline.window)).inc()
@@ -557,21 +568,9 @@ class Sharing:
         log.info(reason, supernode=self.name, message=message)
 
 
-def forget(key: str) -> None:
-    """Drop what is remembered of the workload ``key`` (it went, or was replaced)."""
-    for remembered in (MEMORY.status, MEMORY.checked, MEMORY.restores):
-        remembered.pop(key, None)
-    MEMORY.annotated = {(pod, value) for pod, value in MEMORY.annotated if not _of(pod, key)}
-
-
 def _of(pod_key: str, workload_key: str) -> bool:
     """Whether a pod ("ns/name") is one of the workload's ("ns/name-..." by construction)."""
     return pod_key.startswith(workload_key + "-")
-
-
-def transition_status(name: str) -> dict[str, Any] | None:
-    """SuperNode status.transition (wire form) as this process follows it, or None."""
-    return MEMORY.transitions.get(name, {}).get("status")
 
 
 def _tier_step(job: Workload) -> int | None:

@@ -2,7 +2,24 @@
 kopf indexes plus what the operator itself did that the watch does not show yet.
 
 Built by the main loop (:mod:`matrixpool.handlers.loop`); every controller (scheduling,
-recovery, time-sharing, SuperNode status) reads the same :class:`World`.
+recovery, time-sharing, SuperNode status) reads the same :class:`World`, and asks it the
+questions they share — the topology (:func:`topologies`), the cards held
+(:func:`holdings`), how many ranks a job runs now (:func:`replicas_now`), whether it recovers
+(:func:`recovery_of`) or failed (:func:`failed_reason`) — so each has one answer.
+
+**Decisions** (:class:`Decisions`, by workload UID) are what one controller decided that the
+others must see before the API shows it. One writer per field:
+
+==============  ============================  =========================================
+field           written by                    read by
+==============  ============================  =========================================
+``recovering``  recovery (plan, finish)       scheduler (pins new pods), recovery, status
+``failed``      recovery (no level left)      scheduler (no pods), recovery, status
+``replicas``    scheduler (shrink, grow)      every ``replicas_now``
+==============  ============================  =========================================
+
+Time-sharing's allowances (:class:`Shares`) are the fourth input: computed by
+:mod:`matrixpool.handlers.timeshare` each loop and handed to the others through the World.
 
 **Assumed holdings** (Kueue's ``AssumeWorkload``, Volcano's ``Statement.Commit``): every
 reservation, binding and deletion the operator makes is remembered by pod UID in
@@ -25,15 +42,54 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import structlog
 
-from matrixpool.api import supernode
+from matrixpool.api import common, supernode, trainingjob
 from matrixpool.handlers.workloads import Workload
 from matrixpool.k8s import convert
-from matrixpool.placement import inventory
+from matrixpool.placement import inventory, model
 
 log = structlog.get_logger(__name__)
+
+
+@dataclass
+class Decisions:
+    """What controllers decided ahead of the API, by workload UID (table in the module)."""
+
+    # the recovery under way (wire form of status.recovering), None once finished
+    recovering: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    failed: dict[str, tuple[str, str]] = field(default_factory=dict)  # (reason code, message)
+    replicas: dict[str, int] = field(default_factory=dict)  # after a shrink or a grow
+
+    def forget(self, uid: str) -> None:
+        for remembered in (self.recovering, self.failed, self.replicas):
+            remembered.pop(uid, None)
+
+
+@dataclass
+class Shares:
+    """Time-sharing's allowances this loop, for the workloads of time-shared SuperNodes only
+    (by workload key)."""
+
+    inference: dict[str, dict[str, int]] = field(default_factory=dict)  # key → role → replicas
+    training: dict[str, int] = field(default_factory=dict)  # key → replicas; 0 = suspended
+    phases: dict[str, trainingjob.Phase] = field(default_factory=dict)  # Checkpointing, Suspended
+
+    def governs(self, key: str) -> bool:
+        return key in self.inference or key in self.training
+
+    def amend(self, key: str, status: dict[str, Any]) -> dict[str, Any]:
+        """A TrainingJob status the scheduler computed, with the time-sharing phase and the
+        allowed replicas as ``replicas.desired``."""
+        if key not in self.training:
+            return status
+        replicas = {**status.get("replicas", {}), "desired": self.training[key]}
+        amended = {**status, "replicas": replicas}
+        if key in self.phases:
+            amended["phase"] = self.phases[key].value
+        return amended
 
 
 @dataclass(frozen=True)
@@ -47,6 +103,135 @@ class World:
     workloads: list[Workload]
     unreachable: frozenset[str] = frozenset()  # nodes whose checkpoint daemon does not answer
     stale: frozenset[str] = frozenset()  # nodes whose kubelet Lease is overdue
+    decisions: Decisions = field(default_factory=Decisions)  # the loop's, shared
+    shares: Shares = field(default_factory=Shares)  # time-sharing's latest allowances
+
+
+# ---- the shared answers --------------------------------------------------------------------
+
+
+def replicas_now(world: World, workload: Workload) -> int:
+    """The replicas a TrainingJob runs now — the one answer: time-sharing's allowance when a
+    time-shared SuperNode governs it, else :func:`effective_replicas`."""
+    if workload.key in world.shares.training:
+        return world.shares.training[workload.key]
+    return effective_replicas(workload, world.decisions.replicas.get(workload.uid))
+
+
+def effective_replicas(workload: Workload, decided: int | None = None) -> int:
+    """spec.replicas, unless preemption shrank the job (``decided`` this process's latest
+    decision, else status.replicas.desired)."""
+    assert isinstance(workload.model, trainingjob.TrainingJob)
+    spec = workload.model.spec
+    shrunk = (
+        decided if decided is not None else (workload.status.get("replicas") or {}).get("desired")
+    )
+    if isinstance(shrunk, int) and spec.min_replicas <= shrunk < spec.replicas:
+        return shrunk
+    return spec.replicas
+
+
+def recovery_of(world: World, workload: Workload) -> dict[str, Any] | None:
+    """The recovery under way for a TrainingJob (wire form), or None."""
+    if workload.kind != trainingjob.KIND:
+        return None
+    if workload.uid in world.decisions.recovering:
+        return world.decisions.recovering[workload.uid]
+    return cast("dict[str, Any] | None", workload.status.get("recovering"))
+
+
+def failed_reason(world: World, workload: Workload) -> str | None:
+    """Why a TrainingJob failed for good (maxRecoveries, no recovery possible), or None."""
+    if workload.uid in world.decisions.failed:
+        return world.decisions.failed[workload.uid][1]
+    if workload.status.get("phase") == trainingjob.Phase.FAILED.value:
+        return "failed"
+    return None
+
+
+def topologies(world: World) -> list[model.SuperNodeTopology]:
+    """Every SuperNode's nodes and usable cards: ready, healthy, with a daemon and a kubelet
+    heartbeat, less what pods matrixpool did not place hold."""
+    result = []
+    silent = world.unreachable | world.stale  # no daemon or no kubelet heartbeat: nothing new
+    for name, sn in sorted(world.supernodes.items()):
+        spec = sn.spec
+        selector = inventory.Selector.from_spec(common.to_wire(spec.node_selector))
+        groups = (
+            tuple(
+                tuple(model.CardId(c) for c in g if c < spec.cards_per_node)
+                for g in spec.card_groups
+            )
+            if spec.card_groups
+            else ()
+        )
+        slots = []
+        for node in inventory.members(selector, world.nodes):
+            cards = node.cards.get(spec.card_resource, 0)
+            foreign = world.foreign.get(node.name, {}).get(spec.card_resource, 0)
+            usable = (
+                frozenset(
+                    model.CardId(c) for c in range(cards - foreign) if c not in node.unhealthy
+                )
+                if node.ready and node.name not in silent
+                else frozenset()
+            )
+            domains = tuple(node.labels.get(k, "") for k in spec.topology_keys)
+            slots.append(model.NodeSlot(node.name, name, domains, cards, groups, usable))
+        slots.sort(key=lambda s: (s.domains, s.name))
+        result.append(
+            model.SuperNodeTopology(name, spec.card_resource, tuple(slots), spec.spares.nodes)
+        )
+    return result
+
+
+def pinned(world: World, priorities: Mapping[str, int]) -> list[model.Holding]:
+    """Cards a recovery has promised to ranks whose new pod does not exist yet: no other gang
+    may take them in between (the old pod is gone, the new one not yet created)."""
+    result = []
+    for workload in world.workloads:
+        recovery = recovery_of(world, workload)
+        if not recovery:
+            continue
+        present = {p.rank for p in world.pods.get(workload.key, []) if p.holds_cards}
+        for rank, node in (recovery.get("targets") or {}).items():
+            cards, _ = inventory.parse_card_list((recovery.get("cards") or {}).get(rank))
+            if int(rank) in present or not cards:
+                continue
+            result.append(
+                model.Holding(
+                    pod=model.PodKey(f"{workload.key}#pin-{rank}"),
+                    gang=model.GangKey(workload.key),
+                    node=inventory.NodeName(node),
+                    cards=frozenset(model.CardId(c) for c in cards),
+                    priority=priorities.get(workload.key, 1 << 30),
+                    spread_group=None,
+                )
+            )
+    return result
+
+
+def holdings(world: World) -> list[model.Holding]:
+    """Every card held: by pods (bound, reserved, assumed, terminating) and by recovery pins."""
+    priorities = {w.key: w.model.spec.priority if w.model else 0 for w in world.workloads}
+    result = pinned(world, priorities)
+    for owner, facts in world.pods.items():
+        for pod in facts:
+            if not pod.holds_cards:
+                continue
+            training = pod.kind == trainingjob.KIND
+            gang = owner if training else f"{owner}/{pod.role}/{pod.replica}"
+            result.append(
+                model.Holding(
+                    pod=model.PodKey(pod.key),
+                    gang=model.GangKey(gang),
+                    node=inventory.NodeName(pod.node or pod.reserved_node or ""),
+                    cards=frozenset(model.CardId(c) for c in pod.cards),
+                    priority=priorities.get(owner, 1 << 30),
+                    spread_group=None if training else f"{owner}/{pod.role}",
+                )
+            )
+    return result
 
 
 @dataclass(frozen=True)
