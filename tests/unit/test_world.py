@@ -1,7 +1,8 @@
 """The read model's assumed holdings (issue 12, defect "double allocation when the index
 lags"): what the operator reserved, bound or deleted counts until the pod index shows it, and a
-scheduling cycle run on a lagging index never gives a card twice. No API server: the executor's
-calls are replaced by recorders."""
+scheduling cycle run on a lagging index never gives a card twice; and checkpoint-aware
+preemption: a training victim is asked first and loses its pods on its answer. No API server:
+the executor's calls are replaced by recorders."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ from typing import Any
 
 import pytest
 
+from matrixpool import checkpoints
 from matrixpool.api import supernode, trainingjob
 from matrixpool.handlers import scheduler, world
 from matrixpool.handlers.workloads import Workload
 from matrixpool.k8s import convert, pods
 from matrixpool.placement import inventory
+from matrixpool_recovery import manifest
 
 CARDS = "huawei.com/Ascend910"
 
@@ -157,15 +160,30 @@ def fixed_world(facts: dict[str, list[convert.PodFacts]], jobs: list[Workload]) 
     return world.World({"sn-a": sn}, nodes, {}, facts, jobs)
 
 
-def job(name: str, replicas: int) -> Workload:
+def job(
+    name: str,
+    replicas: int,
+    *,
+    priority: int = 100,
+    checkpoint: bool = False,
+    status: dict[str, Any] | None = None,
+) -> Workload:
+    spec: dict[str, Any] = {
+        "superNode": "sn-a",
+        "replicas": replicas,
+        "cardsPerReplica": 8,
+        "priority": priority,
+    }
+    if checkpoint:
+        spec["checkpoint"] = {"memory": {"everySteps": 2}}
     body = {
         "apiVersion": "matrixpool.dev/v1alpha1",
         "kind": "TrainingJob",
         "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"},
-        "spec": {"superNode": "sn-a", "replicas": replicas, "cardsPerReplica": 8},
+        "spec": spec,
     }
     model = trainingjob.parse(body)
-    return Workload("TrainingJob", "ns", name, f"uid-{name}", "", 1, model, None, {})
+    return Workload("TrainingJob", "ns", name, f"uid-{name}", "", 1, model, None, status or {})
 
 
 def test_a_cycle_on_an_index_that_never_catches_up_gives_no_card_twice(
@@ -195,3 +213,93 @@ def test_a_cycle_on_an_index_that_never_catches_up_gives_no_card_twice(
     asyncio.run(scheduler.Cycle(seen, memory, assumed).run())
     held = [(node, cards) for _, _, node, cards in executor.reserved]
     assert len(held) == len(set(held)) == 4, f"a card reserved twice: {held}"
+
+
+# ---- checkpoint-aware preemption -----------------------------------------------------------
+
+
+class Calls:
+    """The executor's pod calls a cycle made (annotate, delete), with recorders."""
+
+    def __init__(self) -> None:
+        self.annotated: list[tuple[str, dict[str, Any]]] = []
+        self.deleted: list[str] = []
+        self.statuses: list[dict[str, Any]] = []
+
+    async def annotate(self, items: Sequence[tuple[str, str]], values: dict[str, Any]) -> None:
+        self.annotated += [(f"{ns}/{name}", dict(values)) for ns, name in items]
+
+    async def delete(self, items: Sequence[tuple[str, str]], grace: int | None = None) -> None:
+        self.deleted += [f"{ns}/{name}" for ns, name in items]
+
+    async def patch(self, plural: str, ns: str, name: str, status: dict[str, Any]) -> None:
+        self.statuses.append({"name": name, **status})
+
+
+def held(step: int, rank: int, node: str) -> manifest.Holding:
+    return manifest.Holding("uid-low", rank, step, "memory", 8, "crc32:0", node, node, 1)
+
+
+def test_a_preempted_training_job_is_asked_to_checkpoint_and_evicted_on_its_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls, executor = Calls(), Executor()
+    for name, fake in (("reserve", executor.reserve), ("bind", executor.bind)):
+        monkeypatch.setattr(pods, name, fake)
+    monkeypatch.setattr(pods, "create", nothing)
+    monkeypatch.setattr(pods, "annotate", calls.annotate)
+    monkeypatch.setattr(pods, "delete", calls.delete)
+    monkeypatch.setattr(scheduler.k8s_status, "patch_status", calls.patch)
+    monkeypatch.setattr(scheduler, "_event", lambda *_: None)
+    monkeypatch.setattr(scheduler, "CHECK_SECONDS", 0.0)
+    saved = [checkpoints.Inventory((held(4, 0, "n0"), held(4, 1, "n1")))]
+
+    async def inventory(job: str, *_: Any, **__: Any) -> checkpoints.Inventory:
+        assert job == "uid-low"
+        return saved[0]
+
+    monkeypatch.setattr(checkpoints, "inventory", inventory)
+    low = job("low", 2, priority=10, checkpoint=True, status={"checkpoints": {"memory": 4}})
+    high = job("high", 4, priority=500)
+    facts = index(
+        *(pod(f"low-{r}", f"l{r}", node=f"n{r}", cards=EIGHT, phase="Running") for r in range(2)),
+        *(pod(f"high-{r}", f"h{r}") for r in range(4)),
+    )
+    decisions, memory, assumed = world.Decisions(), scheduler.Memory(), world.Assumed()
+
+    async def cycles(count: int) -> None:
+        for _ in range(count):
+            seen = dataclasses.replace(
+                fixed_world(assumed.view(facts), [low, high]), decisions=decisions
+            )
+            await scheduler.Cycle(seen, memory, assumed).run()
+            await asyncio.sleep(0.01)  # the daemons' answer comes in the background
+
+    asyncio.run(cycles(3))
+    assert {name for name, _ in calls.annotated} == {"ns/low-0", "ns/low-1"}
+    assert "uid-low" in decisions.preempting, "asked, waiting for the answer"
+    assert calls.deleted == [], "no pod goes before the answer (step 4 was there before)"
+    assert memory.reasons["ns/high"].code == "WaitingForCheckpoint"
+
+    saved[0] = checkpoints.Inventory((held(6, 0, "n0"), held(6, 1, "n1")))  # the answer
+    asyncio.run(cycles(2))
+    assert sorted(calls.deleted) == ["ns/low-0", "ns/low-1"]
+    assert decisions.preempting == {}
+    preempted = [
+        c
+        for s in calls.statuses
+        for c in s.get("conditions") or []
+        if s["name"] == "low" and c["type"] == "Preempted"
+    ]
+    assert "checkpoint answered at step 6" in preempted[-1]["message"]
+    resume = checkpoints.parse_restore(decisions.resumes["uid-low"])
+    assert resume is not None, "its new pods restore the answered step"
+    assert resume.step == 6
+
+
+def test_training_without_checkpoints_and_inference_give_up_their_cards_at_once() -> None:
+    cycle = scheduler.Cycle(fixed_world({}, []), scheduler.Memory())
+    assert cycle.checkpoint_grace(job("plain", 2)) is None
+    running = fixed_world(index(pod("saver-0", "s0", node="n0", phase="Running")), [])
+    saver = job("saver", 1, checkpoint=True)
+    assert scheduler.Cycle(running, scheduler.Memory()).checkpoint_grace(saver) == 60.0

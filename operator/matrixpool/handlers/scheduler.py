@@ -24,16 +24,21 @@ from typing import Any, cast
 import kopf
 import structlog
 
-from matrixpool import clock, metrics
+from matrixpool import checkpoints, clock, metrics
 from matrixpool.api import common, inferenceservice, labels, trainingjob
+from matrixpool.handlers import background
 from matrixpool.handlers import world as read_model
 from matrixpool.handlers.workloads import Workload
 from matrixpool.handlers.world import Assumed, World
 from matrixpool.k8s import configmaps, convert, pods
 from matrixpool.k8s import status as k8s_status
 from matrixpool.placement import engine, gangs, model
+from matrixpool.timeshare import transition
 
 log = structlog.get_logger(__name__)
+
+DEFAULT_GRACE_SECONDS = 60.0  # a preempted job's checkpoint grace without a SuperNode's own
+CHECK_SECONDS = 0.5  # a preempted job's daemons are asked at most this often
 
 
 @dataclass
@@ -45,12 +50,17 @@ class Memory:
     reasons: dict[str, model.Reason] = field(default_factory=dict)  # gang → why it waits
     expert_maps: dict[str, str] = field(default_factory=dict)  # workload → content written
     statuses: dict[str, dict[str, Any]] = field(default_factory=dict)  # workload → last patch
+    # preempted job → (when asked, newest step committed for every rank, its restore value)
+    answers: dict[str, tuple[float, int | None, str]] = field(default_factory=dict)
+    tasks: background.Tasks = field(default_factory=background.Tasks)  # answer checks by job
 
     def forget(self, uid: str, key: str) -> None:
         """Drop what is remembered of the workload ``uid`` (named ``key``): it went, or its
         name now belongs to another object."""
         self.statuses.pop(uid, None)
         self.expert_maps.pop(uid, None)
+        self.answers.pop(uid, None)
+        self.tasks.cancel(uid)
         for gang in [g for g in self.reasons if g == key or g.startswith(key + "/")]:
             del self.reasons[gang]
 
@@ -85,6 +95,7 @@ class Cycle:
         self.by_gang = {g.request.gang: (by_key[key], g) for key, gs in wanted.items() for g in gs}
         await self.reconcile_pods(wanted)  # phase 3
         pending = await self.finish_half_bound(wanted)  # phase 4
+        await self.finish_preemptions()  # phase 4b: victims that answered or ran out of grace
         bindings = await self.place(pending)  # phase 5
         metrics.PENDING_GANGS.set(len(pending) - len(bindings))
         bindings = await self.bind(bindings)  # phase 6
@@ -121,11 +132,23 @@ class Cycle:
             template = self.template(workload)
             resource = self.card_resource(workload)
             recovery = read_model.recovery_of(self.world, workload)
+            resume = self.world.decisions.resumes.get(workload.uid)
             create = [
-                pin(pods.manifest(plan, template(plan.role), workload.ref, resource), recovery)
+                pin(
+                    pods.manifest(plan, template(plan.role), workload.ref, resource),
+                    recovery,
+                    resume,
+                )
                 for plan in plans
                 if plan.name not in existing
             ]
+            if (
+                resume is not None
+                and plans
+                and not create
+                and all((p := existing.get(plan.name)) and p.restore == resume for plan in plans)
+            ):
+                del self.world.decisions.resumes[workload.uid]  # every new pod was told
             surplus = [p for p in existing.values() if p.name not in names and not p.deleting]
             try:
                 if create:
@@ -211,6 +234,9 @@ class Cycle:
                 bindings.append(Binding(item, verdict))
                 self.memory.reasons.pop(item.gang.request.gang, None)
                 continue
+            if not verdict.permanent and (self.world.decisions.preempting or self.preempted):
+                self.note_reason(item, WAITING_FOR_CHECKPOINT)  # the cards are about to move
+                continue
             if not verdict.permanent:
                 preemption = engine.preempt(snapshot, request, victims)
                 if isinstance(preemption, model.Preemption):
@@ -255,48 +281,166 @@ class Cycle:
         self.memory.reasons[key] = reason
 
     async def preempt(self, item: Pending, plan: model.Preemption) -> None:
-        """Ask victims to checkpoint, then shrink elastic gangs and evict the rest."""
+        """Ask every victim to checkpoint; training that saves checkpoints gives up its pods
+        when it answers or its grace is over (phase 4b), the rest at once."""
+        by, priority = item.gang.request.gang, item.gang.request.priority
         request_id = uuid.uuid4().hex[:12]
-        doomed: list[tuple[str, str]] = []
+        victims: list[tuple[Workload, list[tuple[str, str]], int | None]] = []
         for key, keep in plan.shrink.items():
             workload, gang = self.by_gang[key]
             per = max(1, len(gang.pods) // max(1, self.effective(workload)))
-            doomed += [(p.namespace, p.name) for p in gang.pods[keep:]]
-            await self.set_replicas(workload, keep // per)
-            _event(
-                workload,
-                "Warning",
-                "Shrunk",
-                f"shrunk to {keep} pods for {item.gang.request.gang} "
-                f"(priority {item.gang.request.priority})",
+            victims.append(
+                (workload, [(p.namespace, p.name) for p in gang.pods[keep:]], keep // per)
             )
         for key in plan.evict:
             workload, gang = self.by_gang[key]
-            doomed += [(p.namespace, p.name) for p in gang.pods]
-            self.memory.statuses.pop(workload.uid, None)
-            await self.mark_preempted(workload, item)
+            victims.append((workload, [(p.namespace, p.name) for p in gang.pods], None))
+        going = {p.key for facts in self.world.pods.values() for p in facts if p.deleting}
+        victims = [  # a gang whose pods already go frees their cards without being asked again
+            (w, live, kept)
+            for w, pods_of, kept in victims
+            if (live := [p for p in pods_of if f"{p[0]}/{p[1]}" not in going])
+        ]
+        doomed = [pod for _, pods_of, _ in victims for pod in pods_of]
+        await pods.annotate(doomed, {labels.CHECKPOINT_REQUEST: request_id})
+        for workload, pods_of, kept in victims:
+            grace = self.checkpoint_grace(workload)
+            if grace is None:
+                await self.give_up(workload, pods_of, kept, by, priority, "")
+                continue
+            self.world.decisions.preempting[workload.uid] = read_model.Preempting(
+                request_id,
+                by,
+                priority,
+                clock.SYSTEM.now(),
+                grace,
+                _newest(workload),
+                tuple(pods_of),
+                kept,
+            )
+            _event(
+                workload,
+                "Normal",
+                "CheckpointRequested",
+                f"preempted by {by} (priority {priority}): checkpoint asked before giving up "
+                f"{len(pods_of)} pods (request {request_id}, grace {grace:g} s)",
+            )
         metrics.PREEMPTIONS.labels("shrink").inc(len(plan.shrink))
         metrics.PREEMPTIONS.labels("evict").inc(len(plan.evict))
-        await pods.annotate(doomed, {labels.CHECKPOINT_REQUEST: request_id})
-        await pods.delete(doomed)
-        live = {p.name: p for facts in self.world.pods.values() for p in facts}
-        for namespace, name in doomed:
-            if (pod := live.get(name)) is not None and pod.namespace == namespace:
-                self.assumed.deleting(pod)
         _event(
             item.workload,
             "Normal",
             "Preempting",
-            f"gang {item.gang.request.gang} takes cards from "
+            f"gang {by} takes cards from "
             f"{len(plan.shrink)} shrunk and {len(plan.evict)} evicted gang(s)",
         )
         log.info(
             "preempting",
-            gang=item.gang.request.gang,
+            gang=by,
             shrink=dict(plan.shrink),
             evict=list(plan.evict),
             checkpoint_request=request_id,
         )
+
+    def checkpoint_grace(self, workload: Workload) -> float | None:
+        """Seconds a victim gets to checkpoint: None (at once) for inference and for training
+        that saves no checkpoint or has no pod running; else its SuperNode's
+        ``timeSharing.checkpointGraceSeconds``, or :data:`DEFAULT_GRACE_SECONDS`."""
+        if not isinstance(workload.model, trainingjob.TrainingJob):
+            return None
+        tiers = workload.model.spec.checkpoint
+        if not (tiers.memory or tiers.local or tiers.persistent):
+            return None
+        if not any(p.phase == "Running" for p in self.world.pods.get(workload.key, [])):
+            return None
+        sn = self.world.supernodes.get(workload.model.spec.super_node or "")
+        sharing = sn.spec.time_sharing if sn is not None else None
+        return float(sharing.checkpoint_grace_seconds) if sharing else DEFAULT_GRACE_SECONDS
+
+    async def finish_preemptions(self) -> None:
+        """Phase 4b: victims asked to checkpoint give up their pods once they answered or their
+        grace is over; the daemons are asked in the background (handlers.background)."""
+        decisions = self.world.decisions
+        by_uid = {w.uid: w for w in self.world.workloads}
+        for uid, asked in list(decisions.preempting.items()):
+            workload = by_uid.get(uid)
+            if workload is None:
+                del decisions.preempting[uid]
+                continue
+            at, step, value = self.memory.answers.get(uid, (float("-inf"), None, ""))
+            now = clock.SYSTEM.monotonic()
+            if now - at >= CHECK_SECONDS:
+                self.memory.tasks.start(uid, self.check(workload, asked, now))
+            real = clock.SYSTEM.now()
+            if not transition.released(asked.baseline, step, asked.requested_at, asked.grace, real):
+                continue
+            answered = transition.answered(asked.baseline, step)
+            waited = (real - asked.requested_at).total_seconds()
+            how = (
+                f"checkpoint answered at step {step} in {waited:.1f} s"
+                if answered
+                else f"checkpoint not answered within {asked.grace:g} s (newest step {step})"
+            )
+            del decisions.preempting[uid]
+            self.memory.answers.pop(uid, None)
+            if asked.keep is None and value:
+                decisions.resumes[uid] = value  # its new pods restore that step
+            await self.give_up(
+                workload, list(asked.doomed), asked.keep, asked.by, asked.priority, how
+            )
+
+    async def check(self, workload: Workload, asked: read_model.Preempting, at: float) -> None:
+        """The newest step every rank of a preempted job committed, and the restore value
+        that resumes from it."""
+        assert isinstance(workload.model, trainingjob.TrainingJob)
+        _, known, value = self.memory.answers.get(workload.uid, (at, None, ""))
+        self.memory.answers[workload.uid] = (at, known, value)  # asked: not again too soon
+        nodes = {str(n.name): n.endpoint for n in self.world.nodes if n.endpoint}
+        endpoints = {
+            p.node: nodes[p.node]
+            for p in self.world.pods.get(workload.key, [])
+            if p.node and p.node in nodes
+        }
+        persistent = workload.model.spec.checkpoint.persistent
+        found = await checkpoints.inventory(
+            workload.uid, endpoints, persistent.uri if persistent else None
+        )
+        size = read_model.replicas_now(self.world, workload)
+        step = found.newest_complete(size)
+        if step is not None:
+            value = checkpoints.restore_value(
+                step,
+                found.holders(step),
+                f"preempt-{asked.request}",
+                incarnation=checkpoints.new_incarnation(found, clock.SYSTEM.now()),
+                of=found.incarnation_of(step),
+            )
+        self.memory.answers[workload.uid] = (at, step, value)
+
+    async def give_up(
+        self,
+        workload: Workload,
+        doomed: list[tuple[str, str]],
+        keep: int | None,
+        by: str,
+        priority: int,
+        how: str,
+    ) -> None:
+        """A victim's pods go: an elastic gang shrinks to ``keep`` replicas, else the whole
+        gang is evicted (condition Preempted, which says whether it checkpointed)."""
+        why = f"for {by} (priority {priority})" + (f"; {how}" if how else "")
+        if keep is not None:
+            await self.set_replicas(workload, keep)
+            _event(workload, "Warning", "Shrunk", f"shrunk to {keep} replicas {why}")
+        else:
+            self.memory.statuses.pop(workload.uid, None)
+            await self.mark_preempted(workload, f"evicted {why}")
+        await pods.delete(doomed)
+        live = {p.key: p for facts in self.world.pods.values() for p in facts}
+        for namespace, name in doomed:
+            if (pod := live.get(f"{namespace}/{name}")) is not None:
+                self.assumed.deleting(pod)
+        self.preempted = True
 
     def effective(self, workload: Workload) -> int:
         return read_model.replicas_now(self.world, workload)
@@ -310,17 +454,11 @@ class Cycle:
             {"replicas": {"desired": replicas}},
         )
 
-    async def mark_preempted(self, workload: Workload, by: Pending) -> None:
+    async def mark_preempted(self, workload: Workload, message: str) -> None:
         plural = (
             trainingjob.PLURAL if workload.kind == trainingjob.KIND else inferenceservice.PLURAL
         )
-        condition = _condition(
-            "Preempted",
-            True,
-            "Preempted",
-            f"evicted for {by.gang.request.gang} (priority {by.gang.request.priority})",
-            workload,
-        )
+        condition = _condition("Preempted", True, "Preempted", message[:32768], workload)
         conditions = common.set_condition(_conditions(workload.status), condition)
         await k8s_status.patch_status(
             plural,
@@ -560,9 +698,14 @@ def gang_state(present: Sequence[convert.PodFacts]) -> str:
     return "unplaced"
 
 
-def pin(pod: dict[str, Any], recovery: Mapping[str, Any] | None) -> dict[str, Any]:
+def pin(
+    pod: dict[str, Any], recovery: Mapping[str, Any] | None, resume: str | None = None
+) -> dict[str, Any]:
     """A new pod of a recovering job: reserved on its target node and cards (InPlace,
-    SpareSwap; the normal binding path finishes it) and told what to restore."""
+    SpareSwap; the normal binding path finishes it) and told what to restore. A new pod of a
+    job evicted by a preemption restores ``resume``, the step it checkpointed when asked."""
+    if resume and not recovery:
+        pod["metadata"].setdefault("annotations", {})[labels.RESTORE] = resume
     if not recovery:
         return pod
     rank = pod["metadata"]["labels"][labels.RANK]
@@ -600,6 +743,8 @@ def training_status(
         phase = trainingjob.Phase.FAILED
     elif read_model.recovery_of(world, workload):
         phase = trainingjob.Phase.RECOVERING
+    elif workload.uid in world.decisions.preempting:
+        phase = trainingjob.Phase.CHECKPOINTING  # preempted, asked to checkpoint first
     elif complete:
         phase = (
             trainingjob.Phase.RUNNING if running == len(all_pods) else (trainingjob.Phase.SCHEDULED)
@@ -685,6 +830,18 @@ def _condition(
         last_transition_time=clock.SYSTEM.now(),
         observed_generation=workload.generation,
     )
+
+
+def _newest(workload: Workload) -> int | None:
+    """The newest step status.checkpoints shows on any tier."""
+    steps = [s for s in (workload.status.get("checkpoints") or {}).values() if isinstance(s, int)]
+    return max(steps, default=None)
+
+
+WAITING_FOR_CHECKPOINT = model.Reason(
+    "WaitingForCheckpoint",
+    "lower-priority training was asked to checkpoint before it gives up its cards",
+)
 
 
 def _event(workload: Workload, kind: str, reason: str, message: str) -> None:

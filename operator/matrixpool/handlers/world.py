@@ -16,6 +16,8 @@ field           written by                    read by
 ``recovering``  recovery (plan, finish)       scheduler (pins new pods), recovery, status
 ``failed``      recovery (no level left)      scheduler (no pods), recovery, status
 ``replicas``    scheduler (shrink, grow)      every ``replicas_now``
+``preempting``  scheduler (ask, then evict)   scheduler
+``resumes``     scheduler (answer kept)       scheduler (new pods of an evicted job)
 ==============  ============================  =========================================
 
 Time-sharing's allowances (:class:`Shares`) are the fourth input: computed by
@@ -40,6 +42,7 @@ Errors: none; building the model reads memory only.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -62,10 +65,34 @@ class Decisions:
     recovering: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     failed: dict[str, tuple[str, str]] = field(default_factory=dict)  # (reason code, message)
     replicas: dict[str, int] = field(default_factory=dict)  # after a shrink or a grow
+    preempting: dict[str, Preempting] = field(default_factory=dict)  # victims asked to save
+    resumes: dict[str, str] = field(default_factory=dict)  # evicted job → its restore value
 
     def forget(self, uid: str) -> None:
-        for remembered in (self.recovering, self.failed, self.replicas):
+        for remembered in (
+            self.recovering,
+            self.failed,
+            self.replicas,
+            self.preempting,
+            self.resumes,
+        ):
             remembered.pop(uid, None)
+
+
+@dataclass(frozen=True)
+class Preempting:
+    """A training gang that must give up pods to a higher priority, asked to checkpoint first:
+    its pods go when it answers (a step newer than ``baseline`` committed for every rank) or
+    when ``grace`` real seconds have passed, whichever comes first."""
+
+    request: str  # the checkpoint request id on its pods
+    by: str  # the gang that takes the cards
+    priority: int  # that gang's priority
+    requested_at: datetime.datetime  # real time of the request
+    grace: float  # seconds: the SuperNode's checkpointGraceSeconds, else the default
+    baseline: int | None  # newest step committed for every rank when asked
+    doomed: tuple[tuple[str, str], ...]  # (namespace, pod) to delete once released
+    keep: int | None  # replicas it keeps (a shrink); None: evicted whole
 
 
 @dataclass

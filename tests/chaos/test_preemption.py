@@ -1,0 +1,68 @@
+"""Checkpoint-aware priority preemption (issue 12) on the real control plane, with
+``matrixpool sim`` playing kubelets and trainers: a training job that a higher priority
+preempts is asked to checkpoint first, gives up its cards once it answered, says so in its
+Preempted condition, and later resumes from the step it saved."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from tests.chaos.test_recovery import JOB, start_job, status, wait_training
+from tests.integration import framework, manifests
+
+
+def condition(current: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in current.get("conditions") or [] if c["type"] == type_), {})
+
+
+def test_a_preempted_training_job_checkpoints_first_and_resumes_from_that_step(
+    cluster: framework.TestCluster,
+    operator: framework.Operator,
+    sim: framework.Sim,
+    namespace: str,
+    two_supernodes: list[str],
+    tmp_path: Path,
+) -> None:
+    start_job(cluster, namespace, tmp_path, replicas=4, supernode="sn-0")
+    wait_training(cluster, namespace, past=4)
+    # 47 usable nodes on sn-0 (one spare); the job holds 4: a service of 44 nodes preempts it.
+    service = manifests.inference_service("chat", "sn-0").role("serve", replicas=1, pods=44)
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=service.yaml())
+
+    def evicted() -> dict[str, Any] | None:
+        preempted = condition(status(cluster, namespace), "Preempted")
+        return preempted if preempted.get("status") == "True" else None
+
+    preempted = framework.eventually(evicted, timeout=120, what=f"{JOB} preempted")
+    print(preempted)
+    answered = re.search(r"checkpoint answered at step (\d+)", preempted["message"])
+    assert answered, f"the eviction waited for the checkpoint: {preempted['message']}"
+    step = int(answered.group(1))
+    reasons = {
+        e["reason"]
+        for e in cluster.api.core.list_namespaced_event(
+            namespace, field_selector=f"involvedObject.name={JOB}"
+        ).to_dict()["items"]
+    }
+    assert "CheckpointRequested" in reasons, reasons
+
+    cluster.kubectl("delete", "inferenceservice", "chat", "-n", namespace)
+    framework.eventually(
+        lambda: condition(status(cluster, namespace), "Preempted").get("status") == "False",
+        timeout=120,
+        what=f"{JOB} bound again",
+    )
+    for rank in range(4):
+        lines = framework.eventually(
+            lambda rank=rank: [
+                line
+                for line in sim.trainer_lines(namespace, f"{JOB}-{rank}")
+                if str(line.get("recovery", "")).startswith("preempt-")
+            ],
+            timeout=90,
+            what=f"rank {rank} resumes",
+        )
+        assert lines[-1]["restored"] == step, lines[-1]
+        assert lines[-1]["intact"] is True, lines[-1]
