@@ -292,6 +292,11 @@ def test_a_preempted_training_job_is_asked_to_checkpoint_and_evicted_on_its_answ
         if s["name"] == "low" and c["type"] == "Preempted"
     ]
     assert "checkpoint answered at step 6" in preempted[-1]["message"]
+    asyncio.run(cycles(2))  # the index never shows the condition: it is not lost for that
+    last = [s for s in calls.statuses if s["name"] == "low" and "phase" in s][-1]
+    kept = {c["type"]: c["status"] for c in last["conditions"]}
+    assert kept["Preempted"] == "True", last["conditions"]
+    assert last["phase"] == "Suspended"
     resume = checkpoints.parse_restore(decisions.resumes["uid-low"])
     assert resume is not None, "its new pods restore the answered step"
     assert resume.step == 6

@@ -443,7 +443,7 @@ async def start(
                 state.deferred[workload.uid] = clock.SYSTEM.monotonic() + DEFER_SECONDS
                 log.warning("recovery deferred", job=workload.key, reason=outcome.reason)
                 return
-            await fail(workload, outcome, detected, world)
+            fail(workload, outcome, world)
             return
         # The ranks still running go on saving until they reload: pin the chosen step on
         # the daemons holding it, then check it is still there (it may have gone meanwhile).
@@ -465,7 +465,7 @@ async def start(
         trainingjob.PLURAL,
         workload.namespace,
         workload.name,
-        {"phase": trainingjob.Phase.RECOVERING.value, "recovering": recovery},
+        {"recovering": recovery},  # the scheduler's status says Recovering (one writer)
     )
     _event(
         workload,
@@ -660,33 +660,10 @@ async def finish(
     log.info("recovered", job=workload.key, level=level, seconds=round(seconds, 2))
 
 
-async def fail(
-    workload: Workload,
-    failed: policy.Failed,
-    detected: datetime.datetime,
-    world: read_model.World,
-) -> None:
-    """No recovery: the job fails with the reason, and gives its cards back."""
+def fail(workload: Workload, failed: policy.Failed, world: read_model.World) -> None:
+    """No recovery: the job fails with the reason, and gives its cards back. The scheduler
+    writes it (phase and condition Failed: it owns both) in this pass's status."""
     world.decisions.failed[workload.uid] = (failed.code, failed.reason)
-    condition = common.Condition(
-        type="Failed",
-        status=common.ConditionStatus.TRUE,
-        reason=failed.code,
-        message=failed.reason[:32768],
-        last_transition_time=detected,
-        observed_generation=workload.generation,
-    )
-    current = workload.status.get("conditions") or []
-    conditions = [common.Condition.model_validate(c) for c in current]
-    await k8s_status.patch_status(
-        trainingjob.PLURAL,
-        workload.namespace,
-        workload.name,
-        {
-            "phase": trainingjob.Phase.FAILED.value,
-            "conditions": [common.to_wire(c) for c in common.set_condition(conditions, condition)],
-        },
-    )
     metrics.RECOVERY_FAILURES.labels(failed.code).inc()
     _event(workload, "Warning", failed.code, failed.reason)
     log.warning("job failed", job=workload.key, reason=failed.code, message=failed.reason)

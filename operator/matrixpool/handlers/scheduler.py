@@ -2,14 +2,31 @@
 cards with the pure engine, binds them, preempts lower priorities, and reports status.
 
 One cycle runs at a time for the whole operator: the main loop (:mod:`matrixpool.handlers.loop`)
-calls :func:`run_cycle`, and since every decision is taken on one snapshot inside the cycle, no
-card can be given twice. Binding is two-phase (reserve every pod of the gang, then bind
-each; see :mod:`matrixpool.k8s.pods`), so an operator killed at any moment comes back, rebuilds
-the holdings from the pods' annotations, and finishes or undoes a half-bound gang.
+calls :func:`run_cycle` on one read model (:mod:`matrixpool.handlers.world`), whose assumed
+holdings count what earlier cycles reserved and bound until the watch shows it, so no card can
+be given twice. Binding is two-phase (reserve every pod of the gang, then bind each; see
+:mod:`matrixpool.k8s.pods`), so an operator killed at any moment comes back, rebuilds the
+holdings from the pods' annotations, and finishes or undoes a half-bound gang.
 
-Cycle phases: 1 read the world from the indexes, 2 the gangs each workload wants,
-3 create missing pods and delete surplus ones, 4 finish or undo half-done bindings,
-5 place pending gangs highest priority first (preempting if needed), 6 bind, 7 write status.
+Cycle phases: 1 read the world, 2 the gangs each workload wants, 3 create missing pods and
+delete surplus ones, 4 finish or undo half-done bindings, 4b victims of a preemption that
+checkpointed (or ran out of grace) give up their pods, 5 place pending gangs highest priority
+first (preempting if needed: training that checkpoints is asked first), 6 reserve and bind,
+7 write each workload's status, composed once.
+
+One writer per status field of a TrainingJob or InferenceService (merge patches of disjoint
+fields cannot undo each other; each writer remembers what it wrote, so a lagging index never
+makes it drop a condition):
+
+=====================================================  =====================================
+field                                                  writer
+=====================================================  =====================================
+``phase``, ``replicas``, ``placement``, ``conditions``,  this cycle (phase 7; ``replicas`` and
+``observedGeneration``, ``roles``, ``roleSummary``,    ``conditions`` also at a preemption)
+``expertMap``
+``recovering``, ``recoveries``, ``checkpoints``        :mod:`matrixpool.handlers.recovery`
+``timeSharing``                                        :mod:`matrixpool.handlers.timeshare`
+=====================================================  =====================================
 """
 
 from __future__ import annotations
@@ -50,6 +67,9 @@ class Memory:
     reasons: dict[str, model.Reason] = field(default_factory=dict)  # gang → why it waits
     expert_maps: dict[str, str] = field(default_factory=dict)  # workload → content written
     statuses: dict[str, dict[str, Any]] = field(default_factory=dict)  # workload → last patch
+    # workload → status.conditions as this cycle last wrote them (their only writer: a stale
+    # index never makes it drop one it set)
+    conditions: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     # preempted job → (when asked, newest step committed for every rank, its restore value)
     answers: dict[str, tuple[float, int | None, str]] = field(default_factory=dict)
     tasks: background.Tasks = field(default_factory=background.Tasks)  # answer checks by job
@@ -60,6 +80,7 @@ class Memory:
         self.statuses.pop(uid, None)
         self.expert_maps.pop(uid, None)
         self.answers.pop(uid, None)
+        self.conditions.pop(uid, None)
         self.tasks.cancel(uid)
         for gang in [g for g in self.reasons if g == key or g.startswith(key + "/")]:
             del self.reasons[gang]
@@ -240,9 +261,11 @@ class Cycle:
             if not verdict.permanent:
                 preemption = engine.preempt(snapshot, request, victims)
                 if isinstance(preemption, model.Preemption):
-                    await self.preempt(item, preemption)
-                    self.preempted = True
-                    return bindings  # the world changes; place again next cycle
+                    if await self.preempt(item, preemption):
+                        self.preempted = True
+                        return bindings  # the world changes; place again next cycle
+                    self.note_reason(item, CARDS_BEING_FREED)
+                    continue
             self.note_reason(item, verdict.reasons[0])
             if verdict.permanent:
                 never.add(item.gang.request.gang)
@@ -280,9 +303,10 @@ class Cycle:
             log.info("gang waits", gang=key, reason=reason.code, message=reason.message)
         self.memory.reasons[key] = reason
 
-    async def preempt(self, item: Pending, plan: model.Preemption) -> None:
+    async def preempt(self, item: Pending, plan: model.Preemption) -> bool:
         """Ask every victim to checkpoint; training that saves checkpoints gives up its pods
-        when it answers or its grace is over (phase 4b), the rest at once."""
+        when it answers or its grace is over (phase 4b), the rest at once. False when every
+        victim's pods already go (nothing to do but wait for their cards)."""
         by, priority = item.gang.request.gang, item.gang.request.priority
         request_id = uuid.uuid4().hex[:12]
         victims: list[tuple[Workload, list[tuple[str, str]], int | None]] = []
@@ -301,6 +325,8 @@ class Cycle:
             for w, pods_of, kept in victims
             if (live := [p for p in pods_of if f"{p[0]}/{p[1]}" not in going])
         ]
+        if not victims:
+            return False
         doomed = [pod for _, pods_of, _ in victims for pod in pods_of]
         await pods.annotate(doomed, {labels.CHECKPOINT_REQUEST: request_id})
         for workload, pods_of, kept in victims:
@@ -341,6 +367,7 @@ class Cycle:
             evict=list(plan.evict),
             checkpoint_request=request_id,
         )
+        return True
 
     def checkpoint_grace(self, workload: Workload) -> float | None:
         """Seconds a victim gets to checkpoint: None (at once) for inference and for training
@@ -459,14 +486,18 @@ class Cycle:
             trainingjob.PLURAL if workload.kind == trainingjob.KIND else inferenceservice.PLURAL
         )
         condition = _condition("Preempted", True, "Preempted", message[:32768], workload)
-        conditions = common.set_condition(_conditions(workload.status), condition)
+        conditions = common.set_condition(self.conditions_of(workload), condition)
+        wire = [common.to_wire(c) for c in conditions]
+        self.memory.conditions[workload.uid] = wire
         await k8s_status.patch_status(
-            plural,
-            workload.namespace,
-            workload.name,
-            {"conditions": [common.to_wire(c) for c in conditions]},
+            plural, workload.namespace, workload.name, {"conditions": wire}
         )
         _event(workload, "Warning", "Preempted", condition.message)
+
+    def conditions_of(self, workload: Workload) -> list[common.Condition]:
+        """The workload's conditions as this cycle last wrote them, else as the index shows."""
+        remembered = self.memory.conditions.get(workload.uid)
+        return _conditions({"conditions": remembered} if remembered else workload.status)
 
     # ---- phase 6: reserve, then bind -----------------------------------------------------------
 
@@ -559,12 +590,14 @@ class Cycle:
                     self.memory.reasons,
                     self.supernode_of,
                     self.world,
+                    self.conditions_of(workload),
                 )
                 status = self.shares.amend(workload.key, status)  # time-sharing phase, desired
                 plural = trainingjob.PLURAL
             else:
                 status = await self.inference_status(workload, plans, facts, just_bound)
                 plural = inferenceservice.PLURAL
+            self.memory.conditions[workload.uid] = status["conditions"]
             if self.memory.statuses.get(workload.uid) != status:
                 await k8s_status.patch_status(plural, workload.namespace, workload.name, status)
                 self.memory.statuses[workload.uid] = status
@@ -614,7 +647,7 @@ class Cycle:
             "placement": _placement_summary(placed, self.supernode_of),
             "conditions": [
                 common.to_wire(c)
-                for c in common.set_condition(_conditions(workload.status), condition)
+                for c in common.set_condition(self.conditions_of(workload), condition)
             ],
         }
         if expert_map:
@@ -729,15 +762,14 @@ def training_status(
     reasons: Mapping[str, model.Reason],
     supernode_of: Mapping[str, str],
     world: World,
+    conditions_now: Sequence[common.Condition] | None = None,
 ) -> dict[str, Any]:
     by_name = {p.name: p for p in facts}
     all_pods = [p for g in plans for p in g.pods]
     placed = [b for p in all_pods if (b := _placed(p, by_name, just_bound)) is not None]
     running = sum(1 for p in all_pods if p.name in by_name and by_name[p.name].phase == "Running")
-    preempted = common.find_condition(
-        [common.Condition.model_validate(c) for c in workload.status.get("conditions") or []],
-        "Preempted",
-    )
+    current = list(conditions_now) if conditions_now is not None else _conditions(workload.status)
+    preempted = common.find_condition(current, "Preempted")
     complete = bool(all_pods) and len(placed) == len(all_pods)
     if read_model.failed_reason(world, workload) is not None:
         phase = trainingjob.Phase.FAILED
@@ -761,7 +793,7 @@ def training_status(
         f"{len(placed)}/{len(all_pods)} pods bound" if complete or not reason else reason.message,
         workload,
     )
-    conditions = common.set_condition(_conditions(workload.status), scheduled)
+    conditions = common.set_condition(current, scheduled)
     if workload.uid in world.decisions.failed:  # the index may not show the Failed condition
         code, message = world.decisions.failed[workload.uid]
         conditions = common.set_condition(
@@ -790,12 +822,12 @@ def _placed(
     by_name: Mapping[str, convert.PodFacts],
     just_bound: Mapping[model.PodKey, model.Assignment],
 ) -> tuple[str, frozenset[int]] | None:
-    """(node, cards) of a pod that is bound, or being bound in this cycle."""
+    """(node, cards) of a pod that is bound and stays, or being bound in this cycle."""
     if plan.key in just_bound:
         a = just_bound[plan.key]
         return a.node, frozenset(a.cards)
     facts = by_name.get(plan.name)
-    if facts and facts.node and facts.cards:
+    if facts and facts.node and facts.cards and not facts.deleting:
         return facts.node, facts.cards
     return None
 
@@ -838,6 +870,9 @@ def _newest(workload: Workload) -> int | None:
     return max(steps, default=None)
 
 
+CARDS_BEING_FREED = model.Reason(
+    "WaitingForEviction", "the pods of preempted gangs are terminating; their cards come next"
+)
 WAITING_FOR_CHECKPOINT = model.Reason(
     "WaitingForCheckpoint",
     "lower-priority training was asked to checkpoint before it gives up its cards",
