@@ -1,0 +1,125 @@
+"""One slow checkpoint daemon does not stall the operator (issue 12, "daemon I/O off the
+loop"): the operator reaches one node's daemon through a proxy that answers every request
+:data:`DELAY` seconds late. The heartbeats, polls and answers that ask it run in tasks of their
+own, so other jobs are still bound promptly, and the training job on that node still recovers
+(its daemon counts as unreachable)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from matrixpool.api import labels
+from tests.chaos.test_recovery import JOB, node_of, start_job, status, wait_training
+from tests.integration import framework, manifests
+
+DELAY = 5.0  # seconds the slow daemon takes before it answers anything
+
+
+class SlowProxy:
+    """A TCP proxy that waits DELAY seconds on every connection before passing it on."""
+
+    def __init__(self, upstream: str) -> None:
+        host, port = upstream.rsplit(":", 1)
+        self.upstream = (host, int(port))
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.server.getsockname()[1]}"
+        self.stopped = threading.Event()
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self) -> None:
+        self.server.settimeout(0.5)
+        while not self.stopped.is_set():
+            try:
+                client, _ = self.server.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=self.serve, args=(client,), daemon=True).start()
+
+    def serve(self, client: socket.socket) -> None:
+        time.sleep(DELAY)
+        try:
+            with client, socket.create_connection(self.upstream, timeout=30) as upstream:
+                pipes = [
+                    threading.Thread(target=pipe, args=(a, b), daemon=True)
+                    for a, b in ((client, upstream), (upstream, client))
+                ]
+                for thread in pipes:
+                    thread.start()
+                for thread in pipes:
+                    thread.join(timeout=60)
+        except OSError:
+            return  # the operator gave up waiting: that is the point
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.server.close()
+
+
+def pipe(source: socket.socket, target: socket.socket) -> None:
+    try:
+        while data := source.recv(65536):
+            target.sendall(data)
+        target.shutdown(socket.SHUT_WR)
+    except OSError:
+        return
+
+
+def endpoint_of(cluster: framework.TestCluster, node: str) -> str:
+    annotations = cluster.api.core.read_node(node).metadata.annotations or {}
+    return str(annotations[labels.CKPT_ENDPOINT])
+
+
+def test_a_daemon_answering_after_5_s_stalls_neither_scheduling_nor_the_recovery(
+    cluster: framework.TestCluster,
+    operator: framework.Operator,
+    sim: framework.Sim,
+    namespace: str,
+    two_supernodes: list[str],
+    tmp_path: Path,
+) -> None:
+    start_job(cluster, namespace, tmp_path, replicas=4, supernode="sn-0")
+    wait_training(cluster, namespace, past=4)
+    slow_node = node_of(cluster, namespace)[0]
+    real = endpoint_of(cluster, slow_node)
+    proxy = SlowProxy(real)
+    patch = {"metadata": {"annotations": {labels.CKPT_ENDPOINT: proxy.address}}}
+    try:
+        cluster.api.core.patch_node(slow_node, patch)
+        started = time.monotonic()
+        for index in range(3):  # other jobs, one after the other, on the other supernode
+            name = f"other-{index}"
+            job = manifests.training_job(name).replicas(2).cards(8).on("sn-1")
+            cluster.kubectl("apply", "-n", namespace, "-f", "-", input=job.yaml())
+            asked = time.monotonic()
+            framework.eventually(
+                lambda name=name: bound(cluster, namespace, name) == 2,
+                timeout=60,
+                what=f"{name} bound while a daemon is slow",
+            )
+            print(f"{name} bound in {time.monotonic() - asked:.2f} s")
+
+        def recovered() -> dict[str, Any] | None:
+            current = status(cluster, namespace)
+            done = current.get("recoveries") and current.get("phase") == "Running"
+            return current if done and not current.get("recovering") else None
+
+        final = framework.eventually(recovered, timeout=120, what=f"{JOB} recovered")
+        entry = final["recoveries"][-1]
+        print(f"recovery {entry} after {time.monotonic() - started:.1f} s")
+        assert slow_node in entry["cause"], entry
+    finally:
+        proxy.close()
+        cluster.api.core.patch_node(
+            slow_node, {"metadata": {"annotations": {labels.CKPT_ENDPOINT: real}}}
+        )
+
+
+def bound(cluster: framework.TestCluster, namespace: str, name: str) -> int:
+    items = cluster.api.core.list_namespaced_pod(
+        namespace, label_selector=f"matrixpool.dev/job={name}"
+    ).items
+    return sum(1 for p in items if p.spec.node_name)
