@@ -37,6 +37,8 @@ class SlowProxy:
                 client, _ = self.server.accept()
             except TimeoutError:
                 continue
+            except OSError:
+                return  # closed
             threading.Thread(target=self.serve, args=(client,), daemon=True).start()
 
     def serve(self, client: socket.socket) -> None:
