@@ -18,15 +18,16 @@ One writer per status field of a TrainingJob or InferenceService (merge patches 
 fields cannot undo each other; each writer remembers what it wrote, so a lagging index never
 makes it drop a condition):
 
-=====================================================  =====================================
-field                                                  writer
-=====================================================  =====================================
-``phase``, ``replicas``, ``placement``, ``conditions``,  this cycle (phase 7; ``replicas`` and
-``observedGeneration``, ``roles``, ``roleSummary``,    ``conditions`` also at a preemption)
-``expertMap``
-``recovering``, ``recoveries``, ``checkpoints``        :mod:`matrixpool.handlers.recovery`
-``timeSharing``                                        :mod:`matrixpool.handlers.timeshare`
-=====================================================  =====================================
+=======================================================  ==================================
+field                                                    writer
+=======================================================  ==================================
+``phase``, ``replicas``, ``placement``, ``conditions``,  this cycle (phase 7; ``replicas``
+``observedGeneration``, ``roles``, ``roleSummary``,      and ``conditions`` also at a
+``expertMap``                                            preemption)
+``recovering``, ``recoveries``, ``recoveryCount``,       :mod:`matrixpool.handlers.recovery`
+``checkpoints``
+``timeSharing``                                          :mod:`matrixpool.handlers.timeshare`
+=======================================================  ==================================
 """
 
 from __future__ import annotations
