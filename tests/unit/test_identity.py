@@ -86,10 +86,18 @@ def test_the_handlers_keep_no_module_level_mutable_state() -> None:
     """Everything the controllers remember lives in the loop's Controllers (issue 12): no
     module of handlers/ holds an instance of a handlers class or a mutable container (but
     the anchor's label selector, a constant kopf reads)."""
-    from matrixpool.handlers import background, cleanup, supernode, timeshare, workloads, world
+    from matrixpool.handlers import (
+        background,
+        cleanup,
+        credentials,
+        supernode,
+        timeshare,
+        workloads,
+        world,
+    )
 
-    modules = (background, cleanup, loop, recovery, scheduler, supernode, timeshare, workloads)
-    modules += (world,)
+    modules = (background, cleanup, credentials, loop, recovery, scheduler, supernode)
+    modules += (timeshare, workloads, world)
     for module in modules:
         found = [
             name
