@@ -39,6 +39,14 @@ class Tasks:
         self.running[key] = task
         return True
 
+    async def settle(self, key: str, timeout: float) -> None:
+        """Wait (at most ``timeout`` seconds) for the call under ``key`` to end, so that a
+        decision asks the daemons alone (its answers then come from unloaded daemons)."""
+        task = self.running.get(key)
+        if task is None or task.done():
+            return
+        await asyncio.wait({task}, timeout=timeout)
+
     def cancel(self, key: str) -> None:
         task = self.running.pop(key, None)
         if task is not None:

@@ -412,6 +412,8 @@ async def start(
     }
     persistent = spec.checkpoint.persistent.uri if spec.checkpoint.persistent else None
     job = workload.uid
+    for busy in (job, "probe"):  # the decision asks the daemons alone, not beside a poll
+        await state.tasks.settle(busy, checkpoints.INVENTORY_TIMEOUT)
     snapshot = engine.Snapshot.build(topologies, read_model.holdings(world))
     for attempt in range(1, DECIDE_ATTEMPTS + 1):
         found = await checkpoints.inventory(job, endpoints, persistent)
