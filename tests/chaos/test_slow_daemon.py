@@ -1,8 +1,8 @@
 """One slow checkpoint daemon does not stall the operator (issue 12, "daemon I/O off the
 loop"): the operator reaches one node's daemon through a proxy that answers every request
-:data:`DELAY` seconds late. The heartbeats, polls and answers that ask it run in tasks of their
-own, so other jobs are still bound promptly, and the training job on that node still recovers
-(its daemon counts as unreachable)."""
+:data:`DELAY` seconds late. The calls that ask it time out (a pass waits at most a few seconds
+for recovery's heartbeats and polls), so other jobs are still bound, and the training job on
+that node still recovers (its daemon counts as unreachable)."""
 
 from __future__ import annotations
 

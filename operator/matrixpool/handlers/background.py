@@ -1,7 +1,9 @@
 """Daemon I/O off the loop: the calls to checkpoint daemons that the controllers make often
 (heartbeats, ``status.checkpoints`` polls, time-sharing's checkpoint answers) run as tasks of
 their own, at most one per key, and leave their answer in the controller's memory, where the
-next pass reads it. A daemon that answers slowly delays its own answer, never the loop.
+next pass reads it. A daemon that answers slowly delays its own answer, not the loop — except
+where a controller chooses to wait for the call, with a bound (:meth:`Tasks.settle`; recovery
+does for its heartbeats and polls).
 
 Used by :mod:`matrixpool.handlers.recovery` and :mod:`matrixpool.handlers.timeshare`; the
 tasks belong to their memory, which the main loop owns.
