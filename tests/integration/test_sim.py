@@ -56,23 +56,6 @@ def sim(cluster: framework.TestCluster, tmp_path: Path) -> Iterator[Path]:
         print((tmp_path / "sim.log").read_text(errors="replace")[-5000:])
 
 
-@pytest.fixture
-def operator(
-    cluster: framework.TestCluster, sim: Path, tmp_path: Path
-) -> Iterator[framework.Operator]:
-    """The operator told the sim's cluster secret: it writes each job's credential Secret,
-    which the sim hands to the trainers as a kubelet mounts it."""
-    secret = sim / "secret"
-    framework.eventually(secret.exists, timeout=60, what="the sim's cluster secret")
-    env = {"MATRIXPOOL_CKPT_SECRET_FILE": str(secret)}
-    process = framework.Operator(cluster, tmp_path / "operator.log", env=env).start()
-    try:
-        yield process
-    finally:
-        process.kill()
-        print(process.log()[-20000:])
-
-
 def endpoints(cluster: framework.TestCluster) -> dict[str, str]:
     nodes = json.loads(
         cluster.kubectl("get", "nodes", "-l", "matrixpool.dev/supernode=sn-0", "-o", "json").stdout

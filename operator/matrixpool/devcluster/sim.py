@@ -20,7 +20,6 @@ processes die with it).
 
 from __future__ import annotations
 
-import base64
 import json
 import secrets
 import shutil
@@ -323,28 +322,6 @@ class Sim:
         except Exception as error:  # the pod may be gone already
             print(f"sim: could not fail pod {pod.metadata.name}: {error}", file=sys.stderr)
 
-    def pod_env(self, pod: Any) -> dict[str, str] | None:
-        """The first container's plain env values, and the files it reads from mounted Secrets
-        written where this process can read them (a kubelet's part); None while a Secret the
-        pod mounts is missing."""
-        container = pod.spec.containers[0]
-        env = {e.name: e.value for e in container.env or [] if e.value is not None}
-        for name, path in list(env.items()):
-            found = _mounted_secret(container, pod.spec.volumes or [], path)
-            if found is None:
-                continue
-            secret_name, key = found
-            try:
-                secret = self.api.core.read_namespaced_secret(secret_name, pod.metadata.namespace)
-            except Exception:  # not written yet (or gone): the pod waits, as on a kubelet
-                return None
-            local = self.folder / "secrets" / pod.metadata.uid / key
-            local.parent.mkdir(parents=True, exist_ok=True)
-            local.write_bytes(base64.b64decode((secret.data or {}).get(key, "")))
-            local.chmod(0o600)
-            env[name] = str(local)
-        return env
-
     def start_trainer(self, pod: Any, gang: list[Any]) -> None:
         namespace, job = pod.metadata.namespace, pod.metadata.labels[labels.JOB]
         body = self.api.custom.get_namespaced_custom_object(
@@ -353,14 +330,13 @@ class Sim:
         checkpoint = (body.get("spec") or {}).get("checkpoint") or {"memory": {"everySteps": 1}}
         others = sorted({p.spec.node_name for p in gang if p.spec.node_name} - {pod.spec.node_name})
         restore = (pod.metadata.annotations or {}).get(labels.RESTORE, "")
-        from_pod = self.pod_env(pod)
-        if from_pod is None:
-            return  # its credential Secret is not there yet: the next pass tries again
+        job_key = body["metadata"]["uid"]  # the job's checkpoints and its token are keyed by it
         env = {
-            **from_pod,  # MATRIXPOOL_JOB and MATRIXPOOL_CKPT_TOKEN_FILE, as the operator wrote
+            "MATRIXPOOL_JOB": job_key,
             "MATRIXPOOL_RANK": pod.metadata.labels[labels.RANK],
             "MATRIXPOOL_WORLD_SIZE": str(_world_size(gang)),
             "MATRIXPOOL_CKPT_DAEMON": self.endpoint(pod.spec.node_name),
+            "MATRIXPOOL_CKPT_TOKEN": credentials.job_token(self.secret, job_key),
             "MATRIXPOOL_CKPT_PEERS": ",".join(self.endpoint(n) for n in others),
             "MATRIXPOOL_CHECKPOINT": json.dumps(checkpoint),
             "MATRIXPOOL_RESTORE": restore,
@@ -377,16 +353,6 @@ class Sim:
         trainer = _spawn([sys.executable, "-m", "matrixpool.devcluster.trainer"], log, env)
         self.trainers[pod.metadata.uid] = trainer
         log.with_suffix(".pid").write_text(str(trainer.popen.pid))
-
-
-def _mounted_secret(container: Any, volumes: list[Any], path: str) -> tuple[str, str] | None:
-    """(Secret name, key) of the secret volume that ``path`` lies in, as mounted."""
-    for mount in container.volume_mounts or []:
-        if path.startswith(mount.mount_path.rstrip("/") + "/"):
-            volume = next((v for v in volumes if v.name == mount.name), None)
-            if volume is not None and volume.secret is not None:
-                return volume.secret.secret_name, path[len(mount.mount_path) :].strip("/")
-    return None
 
 
 def _world_size(gang: list[Any]) -> int:
