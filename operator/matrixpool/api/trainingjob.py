@@ -35,6 +35,7 @@ RANKS_LISTED = 64
 # status.recoveries keeps the newest this many entries (status.recoveryCount counts them all),
 # so that a long run never outgrows the API server's object size limit.
 KEPT_RECOVERIES = 20
+KEPT_PREEMPTIONS = 20
 
 
 class SuperNodeAffinity(StrEnum):
@@ -118,6 +119,10 @@ class Checkpoint(common.ApiModel):
     """Tier 2: node-local disk."""
     persistent: PersistentTier | None = None
     """Tier 3: persistent storage."""
+    grace_seconds: int | None = Field(default=None, ge=0, le=86400)
+    """Seconds the job may take to answer a checkpoint request before a preemption or a
+    time-sharing window takes its pods; absent: its SuperNode's
+    spec.timeSharing.checkpointGraceSeconds (else 60 for a preemption)."""
 
 
 class Recovery(common.ApiModel):
@@ -244,6 +249,42 @@ class Suspension(common.ApiModel):
     """When every pod was bound again; absent while suspended."""
     restored_step: int | None = Field(default=None, ge=0)
     """The step the resumed pods were told to restore (annotation matrixpool.dev/restore)."""
+
+
+class PreemptionCheckpoint(StrEnum):
+    """What became of the checkpoint a preempted job was asked for."""
+
+    ANSWERED = "Answered"  # a step newer than the one committed when asked, within the grace
+    GRACE_EXPIRED = "GraceExpired"  # no newer step within the grace: evicted anyway
+    NOT_ASKED = "NotAsked"  # the job saves no checkpoints (or none ran yet): evicted at once
+
+
+class Preemption(common.ApiModel):
+    """One preemption of the job by a higher-priority gang, and its resume."""
+
+    by: str = Field(max_length=512)
+    """The gang that took the cards (namespace/name of a TrainingJob; of an InferenceService
+    followed by /role/replica)."""
+    priority: int
+    """Its priority."""
+    request_id: str = Field(max_length=63)
+    """The pods' matrixpool.dev/checkpoint-request annotation."""
+    requested_at: datetime | None = None
+    """When the checkpoint was asked; absent when it was not."""
+    evicted_at: datetime
+    """When the job gave up its pods."""
+    replicas_kept: int | None = Field(default=None, ge=0)
+    """Replicas an elastic job kept (shrunk); absent: the whole gang was evicted."""
+    checkpoint: PreemptionCheckpoint
+    """Whether the job checkpointed before it gave up its pods."""
+    step: int | None = Field(default=None, ge=0)
+    """Newest step committed for every rank at eviction: the step it resumes from."""
+    checkpoint_seconds: float | None = Field(default=None, ge=0)
+    """Seconds from the request to the answer (or to the end of the grace)."""
+    resumed_at: datetime | None = None
+    """When the evicted gang was bound again; absent while it waits."""
+    restored_step: int | None = Field(default=None, ge=0)
+    """The step its new pods were told to restore (annotation matrixpool.dev/restore)."""
 
 
 class TimeSharingStatus(common.ApiModel):
@@ -377,6 +418,8 @@ class TrainingJobStatus(common.ApiModel):
     """Recoveries in all, listed or not; spec.recovery.maxRecoveries bounds it."""
     recovering: RecoveryInProgress | None = None
     """The recovery under way, if any."""
+    preemptions: list[Preemption] = Field(default_factory=list, max_length=KEPT_PREEMPTIONS)
+    """The newest preemptions (at most 20), oldest first."""
     conditions: list[common.Condition] = common.conditions_field()
     """Conditions."""
 

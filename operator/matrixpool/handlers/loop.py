@@ -30,7 +30,7 @@ from matrixpool.handlers import (
     workloads,
     world,
 )
-from matrixpool.k8s import anchor
+from matrixpool.k8s import anchor, executor
 from matrixpool.k8s.convert import PodFacts
 from matrixpool.placement import inventory
 
@@ -117,10 +117,11 @@ async def one_pass(state: Controllers, read: Callable[[], world.World]) -> None:
     now = read()
     state.forget_replaced(now.workloads)
     cleanup.sweep(state.sweeper, now.nodes, now.workloads)
-    await recovery.run(now, state.recoveries)
-    state.shares = await timeshare.share(read(), state.sharing)
-    await scheduler.run_cycle(read, state.cycle, state.assumed)
-    await supernode.report(read(), state.reported, state.sharing.transition_status)
+    act = state.act
+    await recovery.run(now, state.recoveries, act)
+    state.shares = await timeshare.share(read(), state.sharing, act)
+    await scheduler.run_cycle(read, state.cycle, state.assumed, act)
+    await supernode.report(read(), state.reported, act, state.sharing.transition_status)
 
 
 @dataclass
@@ -139,6 +140,7 @@ class Controllers:
     sweeper: cleanup.Sweeper = field(default_factory=cleanup.Sweeper)
     reported: dict[str, dict[str, Any]] = field(default_factory=dict)  # SuperNode → status
     identities: dict[str, str] = field(default_factory=dict)  # workload key → its UID
+    act: executor.Executor = field(default_factory=executor.Live)  # the controllers' actions
 
     def forget_replaced(self, current: Sequence[workloads.Workload]) -> None:
         """Drop what the controllers remember of workloads that went, or whose name now

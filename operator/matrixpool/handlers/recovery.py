@@ -43,7 +43,7 @@ import os
 import uuid
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import kopf
 import structlog
@@ -53,8 +53,7 @@ from matrixpool.api import common, labels, trainingjob
 from matrixpool.handlers import background
 from matrixpool.handlers import world as read_model
 from matrixpool.handlers.workloads import Workload
-from matrixpool.k8s import convert, pods
-from matrixpool.k8s import status as k8s_status
+from matrixpool.k8s import convert, executor
 from matrixpool.placement import engine, inventory
 from matrixpool_recovery import manifest, policy
 
@@ -128,14 +127,14 @@ class State:
         self.tasks.cancel(uid)
 
 
-async def run(world: read_model.World, state: State) -> None:
+async def run(world: read_model.World, state: State, act: executor.Executor) -> None:
     """One pass: probe the daemons, then detect, decide, carry out and record per job.
 
     The probe and the polls run as tasks (never two at once) but the pass waits for them, at
     most :data:`WAIT_SECONDS`: run fully in the background they made the recovery benchmark
     fail to find a common step in 4 of 7 runs (cause not yet found), so a slow daemon still
     costs the loop up to that long per probe here."""
-    probe(world, state)
+    probe(world, state, act)
     await state.tasks.settle("probe", WAIT_SECONDS)
     nodes: dict[str, inventory.NodeInfo] = {n.name: n for n in world.nodes}
     lost = state.unreachable(clock.SYSTEM.monotonic())
@@ -148,9 +147,9 @@ async def run(world: read_model.World, state: State) -> None:
         if state.backing_off(workload.uid, clock.SYSTEM.monotonic()):
             continue
         try:
-            done = await step(workload, world, nodes, lost, state)
+            done = await step(workload, world, nodes, lost, state, act)
         except Exception as error:  # one job's trouble must not stop the others' recoveries
-            back_off(workload, error, state)
+            back_off(workload, error, state, act)
         else:
             if done:
                 state.backoff.pop(workload.uid, None)
@@ -162,19 +161,20 @@ async def step(
     nodes: Mapping[str, inventory.NodeInfo],
     lost: frozenset[str],
     state: State,
+    act: executor.Executor,
 ) -> bool:
     """Detect, decide or carry out for one job; False when nothing was tried (a recovery
     deferred, or faults still settling)."""
     facts = world.pods.get(workload.key, [])
     recovery = read_model.recovery_of(world, workload)
     if recovery:
-        await carry_out(workload, recovery, facts, nodes, lost, world, state)
+        await carry_out(workload, recovery, facts, nodes, lost, world, state, act)
         return True
     size = read_model.replicas_now(world, workload)
     faults = detect(size, facts, nodes, lost, workload, world.stale)
     if not faults:
         state.first_seen.pop(workload.uid, None)
-        poll_checkpoints(workload, facts, nodes, world, state)
+        poll_checkpoints(workload, facts, nodes, world, state, act)
         await state.tasks.settle(workload.uid, WAIT_SECONDS)
         return True
     if state.deferred.get(workload.uid, 0.0) > clock.SYSTEM.monotonic():
@@ -182,7 +182,7 @@ async def step(
     if not settled(workload, faults, state):
         return False
     _, detected = state.first_seen.pop(workload.uid)
-    await start(workload, faults, world, lost, detected, state)
+    await start(workload, faults, world, lost, detected, state, act)
     return True
 
 
@@ -192,12 +192,12 @@ def backoff_delay(failures: int) -> float:
     return float(min(BACKOFF_FIRST * 2 ** min(failures - 1, 32), BACKOFF_MAX))
 
 
-def back_off(workload: Workload, error: Exception, state: State) -> None:
+def back_off(workload: Workload, error: Exception, state: State, act: executor.Executor) -> None:
     """A step of ``workload`` failed: wait before trying it again, and say so."""
     delay = state.failed(workload.uid, clock.SYSTEM.monotonic())
     log.exception("recovery step failed; backing off", job=workload.key, delay=delay)
-    _event(
-        workload,
+    act.event(
+        workload.ref,
         "Warning",
         "RecoveryBackoff",
         f"recovery step failed ({type(error).__name__}: {error}); trying again in {delay:.0f} s",
@@ -266,7 +266,7 @@ def stale_leases(leases: Mapping[str, tuple[float, float]], now: float) -> froze
 # ---- heartbeat -------------------------------------------------------------------------------
 
 
-def probe(world: read_model.World, state: State) -> None:
+def probe(world: read_model.World, state: State, act: executor.Executor) -> None:
     """Probe the daemons under training ranks every PROBE_SECONDS, the others (spares and
     idle nodes, where a gang may land) every IDLE_PROBE_SECONDS, in a task of its own
     (:mod:`matrixpool.handlers.background`; :func:`run` waits for it, bounded)."""
@@ -290,14 +290,18 @@ def probe(world: read_model.World, state: State) -> None:
         if n.endpoint and (everyone or n.name in busy or n.name in state.silent_since)
     }
     published = {n.name for n in world.nodes if n.endpoint}
-    state.tasks.start("probe", heartbeat(endpoints, published, now, state))
+    state.tasks.start("probe", heartbeat(endpoints, published, now, state, act))
 
 
 async def heartbeat(
-    endpoints: Mapping[str, str], published: Collection[str], now: float, state: State
+    endpoints: Mapping[str, str],
+    published: Collection[str],
+    now: float,
+    state: State,
+    act: executor.Executor,
 ) -> None:
     """One probe of ``endpoints``; a daemon that does not answer is silent since ``now``."""
-    answers = await checkpoints.probe(endpoints)
+    answers = await act.probe(endpoints)
     for node, healthy in answers.items():
         if healthy:
             state.silent_since.pop(node, None)
@@ -385,6 +389,7 @@ async def start(
     lost: frozenset[str],
     detected: datetime.datetime,
     state: State,
+    act: executor.Executor,
 ) -> None:
     """Decide, write the plan, start carrying it out; ``detected``: when the fault showed."""
     assert isinstance(workload.model, trainingjob.TrainingJob)
@@ -423,7 +428,7 @@ async def start(
         await state.tasks.settle(busy, checkpoints.INVENTORY_TIMEOUT)
     snapshot = engine.Snapshot.build(topologies, read_model.holdings(world))
     for attempt in range(1, DECIDE_ATTEMPTS + 1):
-        found = await checkpoints.inventory(job, endpoints, persistent)
+        found = await act.inventory(job, endpoints, persistent)
         state.silent(found.unreachable, clock.SYSTEM.monotonic())
         spares = policy.Spares(
             nodes={
@@ -448,18 +453,16 @@ async def start(
             ):
                 # Silent daemons under Ready nodes with Running ranks: the ranks still train
                 # (they cannot checkpoint). Failing the job would lose more than waiting.
-                _event(workload, "Warning", "RecoveryDeferred", f"{outcome.reason}; waiting")
+                act.event(workload.ref, "Warning", "RecoveryDeferred", f"{outcome.reason}; waiting")
                 state.deferred[workload.uid] = clock.SYSTEM.monotonic() + DEFER_SECONDS
                 log.warning("recovery deferred", job=workload.key, reason=outcome.reason)
                 return
-            fail(workload, outcome, world)
+            fail(workload, outcome, world, act)
             return
         # The ranks still running go on saving until they reload: pin the chosen step on
         # the daemons holding it, then check it is still there (it may have gone meanwhile).
-        pinned = await checkpoints.pin(
-            job, found.holders(outcome.restored_step), outcome.restored_step
-        )
-        if await still_held(job, outcome, found):
+        pinned = await act.pin(job, found.holders(outcome.restored_step), outcome.restored_step)
+        if await still_held(job, outcome, found, act):
             break
         log.info(
             "restore step gone before it was pinned; deciding again",
@@ -470,14 +473,14 @@ async def start(
     recovery = plan_record(workload, outcome, view, found, detected)
     recovery["pinned"] = pinned
     world.decisions.recovering[workload.uid] = recovery
-    await k8s_status.patch_status(
+    await act.patch_status(
         trainingjob.PLURAL,
         workload.namespace,
         workload.name,
         {"recovering": recovery},  # the scheduler's status says Recovering (one writer)
     )
-    _event(
-        workload,
+    act.event(
+        workload.ref,
         "Warning",
         "Recovering",
         f"{outcome.cause}: {outcome.level} — {outcome.reason}; restoring step "
@@ -498,15 +501,17 @@ async def start(
     if pause := float(os.environ.get(PAUSE_VARIABLE) or 0):
         await asyncio.sleep(pause)  # chaos tests kill the operator here
     facts = world.pods.get(workload.key, [])
-    await carry_out(workload, recovery, facts, nodes, lost, world, state)
+    await carry_out(workload, recovery, facts, nodes, lost, world, state, act)
 
 
-async def still_held(job: str, plan: policy.Plan, found: checkpoints.Inventory) -> bool:
+async def still_held(
+    job: str, plan: policy.Plan, found: checkpoints.Inventory, act: executor.Executor
+) -> bool:
     """Every daemon copy the plan restores from is still held (after pinning)."""
     wanted = {(c.rank, c.step, c.node) for c in plan.sources.values() if c.node is not None}
     nodes = {str(node) for _, _, node in wanted}
     endpoints = {n: found.endpoints[n] for n in nodes if n in found.endpoints}
-    again = await checkpoints.inventory(job, endpoints)
+    again = await act.inventory(job, endpoints)
     held = {(h.rank, h.step, h.node) for h in again.holdings}
     return wanted <= held
 
@@ -594,6 +599,7 @@ async def carry_out(
     lost: frozenset[str],
     world: read_model.World,
     state: State,
+    act: executor.Executor,
 ) -> None:
     """Move the world one step toward the plan; finish when every rank runs again."""
     recovery_id = str(recovery["id"])
@@ -614,14 +620,14 @@ async def carry_out(
         elif not mine and (value := trainingjob.restore_for(restore, pod.rank)) is not None:
             reload[(pod.namespace, pod.name)] = value
     if doomed_now:
-        await pods.delete(doomed_now, grace_seconds=0)
+        await act.delete_pods(doomed_now, grace_seconds=0)
     if doomed:
-        await pods.delete(doomed)
+        await act.delete_pods(doomed)
     by_value: dict[str, list[tuple[str, str]]] = {}
     for key, value in reload.items():
         by_value.setdefault(value, []).append(key)
     await asyncio.gather(  # one batch per distinct value (InPlace: one for every rank)
-        *(pods.annotate(keys, {labels.RESTORE: value}) for value, keys in by_value.items())
+        *(act.annotate(keys, {labels.RESTORE: value}) for value, keys in by_value.items())
     )
     if doomed_now or doomed or reload:
         return
@@ -634,20 +640,24 @@ async def carry_out(
         for p in ranks.values()
     )
     if done:
-        await finish(workload, recovery, world, state)
+        await finish(workload, recovery, world, state, act)
 
 
 async def finish(
-    workload: Workload, recovery: Mapping[str, Any], world: read_model.World, state: State
+    workload: Workload,
+    recovery: Mapping[str, Any],
+    world: read_model.World,
+    state: State,
+    act: executor.Executor,
 ) -> None:
     recovered = clock.SYSTEM.now()
     detected = datetime.datetime.fromisoformat(str(recovery["detectedAt"]).replace("Z", "+00:00"))
-    await checkpoints.pin(workload.uid, recovery.get("pinned") or [], None)
+    await act.pin(workload.uid, recovery.get("pinned") or [], None)
     record = {
         k: v for k, v in recovery.items() if k not in ("targets", "cards", "restore", "pinned")
     } | {"recoveredAt": recovered.isoformat().replace("+00:00", "Z")}
     seen = recovery["id"] in state.recorded
-    await k8s_status.patch_status(
+    await act.patch_status(
         trainingjob.PLURAL,
         workload.namespace,
         workload.name,
@@ -659,8 +669,8 @@ async def finish(
     level = str(recovery["level"])
     metrics.RECOVERIES.labels(level).inc()
     metrics.RECOVERY_SECONDS.labels(level).observe(seconds)
-    _event(
-        workload,
+    act.event(
+        workload.ref,
         "Normal",
         "Recovered",
         f"{level} recovery {recovery['id']} done in {seconds:.1f} s: step "
@@ -669,12 +679,14 @@ async def finish(
     log.info("recovered", job=workload.key, level=level, seconds=round(seconds, 2))
 
 
-def fail(workload: Workload, failed: policy.Failed, world: read_model.World) -> None:
+def fail(
+    workload: Workload, failed: policy.Failed, world: read_model.World, act: executor.Executor
+) -> None:
     """No recovery: the job fails with the reason, and gives its cards back. The scheduler
     writes it (phase and condition Failed: it owns both) in this pass's status."""
     world.decisions.failed[workload.uid] = (failed.code, failed.reason)
     metrics.RECOVERY_FAILURES.labels(failed.code).inc()
-    _event(workload, "Warning", failed.code, failed.reason)
+    act.event(workload.ref, "Warning", failed.code, failed.reason)
     log.warning("job failed", job=workload.key, reason=failed.code, message=failed.reason)
 
 
@@ -707,6 +719,7 @@ def poll_checkpoints(
     nodes: Mapping[str, inventory.NodeInfo],
     world: read_model.World,
     state: State,
+    act: executor.Executor,
 ) -> None:
     """status.checkpoints from the daemons of the job's nodes, every POLL_SECONDS, in a task
     of its own (never two at once for a job)."""
@@ -726,7 +739,7 @@ def poll_checkpoints(
     spec = workload.model.spec
     persistent = spec.checkpoint.persistent.uri if spec.checkpoint.persistent else None
     size = read_model.replicas_now(world, workload)
-    state.tasks.start(workload.uid, _poll(workload, endpoints, persistent, size, state))
+    state.tasks.start(workload.uid, _poll(workload, endpoints, persistent, size, state, act))
 
 
 async def _poll(
@@ -735,14 +748,15 @@ async def _poll(
     persistent: str | None,
     world_size: int,
     state: State,
+    act: executor.Executor,
 ) -> None:
-    found = await checkpoints.inventory(workload.uid, dict(endpoints), persistent)
+    found = await act.inventory(workload.uid, dict(endpoints), persistent)
     committed = found.committed(world_size)
     known = state.checkpoints.get(workload.uid) or workload.status.get("checkpoints") or {}
     merged = {t: _kept(committed.get(t), known.get(t)) for t in ("memory", "local", "persistent")}
     if merged != {t: known.get(t) for t in merged}:
         state.checkpoints[workload.uid] = merged
-        await k8s_status.patch_status(
+        await act.patch_status(
             trainingjob.PLURAL, workload.namespace, workload.name, {"checkpoints": merged}
         )
 
@@ -772,7 +786,3 @@ def _down(nodes: Mapping[str, inventory.NodeInfo], node: str | None) -> bool:
 
 def _lost(steps: Any) -> str:
     return "unknown" if steps is None else str(steps)
-
-
-def _event(workload: Workload, kind: str, reason: str, message: str) -> None:
-    kopf.event(cast(kopf.Body, workload.ref), type=kind, reason=reason, message=message[:1024])

@@ -37,9 +37,8 @@ import json
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
-import kopf
 import structlog
 
 from matrixpool import checkpoints, clock, metrics
@@ -48,8 +47,7 @@ from matrixpool.handlers import background
 from matrixpool.handlers import world as read_model
 from matrixpool.handlers.workloads import Workload
 from matrixpool.handlers.world import Assumed, World
-from matrixpool.k8s import configmaps, convert, pods
-from matrixpool.k8s import status as k8s_status
+from matrixpool.k8s import convert, executor, pods
 from matrixpool.placement import engine, gangs, model
 from matrixpool.timeshare import transition
 
@@ -74,6 +72,8 @@ class Memory:
     # preempted job → (when asked, newest step committed for every rank, its restore value)
     answers: dict[str, tuple[float, int | None, str]] = field(default_factory=dict)
     tasks: background.Tasks = field(default_factory=background.Tasks)  # answer checks by job
+    # workload → status.preemptions as this cycle last wrote them (their only writer)
+    preemptions: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def forget(self, uid: str, key: str) -> None:
         """Drop what is remembered of the workload ``uid`` (named ``key``): it went, or its
@@ -82,24 +82,34 @@ class Memory:
         self.expert_maps.pop(uid, None)
         self.answers.pop(uid, None)
         self.conditions.pop(uid, None)
+        self.preemptions.pop(uid, None)
         self.tasks.cancel(uid)
         for gang in [g for g in self.reasons if g == key or g.startswith(key + "/")]:
             del self.reasons[gang]
 
 
-async def run_cycle(world_reader: Any, memory: Memory, assumed: Assumed) -> None:
+async def run_cycle(
+    world_reader: Any, memory: Memory, assumed: Assumed, act: executor.Executor
+) -> None:
     """Run one cycle; ``world_reader()`` → World. Serialized by a lock, as a safety net.
-    What the cycle reserves, binds and deletes goes into ``assumed``."""
+    What the cycle reserves, binds and deletes goes into ``assumed``; ``act`` carries it out."""
     async with memory.lock:
         with metrics.CYCLE_SECONDS.time():
-            await Cycle(world_reader(), memory, assumed).run()
+            await Cycle(world_reader(), memory, assumed, act).run()
 
 
 class Cycle:
     """One pass over the world; short-lived."""
 
-    def __init__(self, world: World, memory: Memory, assumed: Assumed | None = None) -> None:
+    def __init__(
+        self,
+        world: World,
+        memory: Memory,
+        assumed: Assumed | None = None,
+        act: executor.Executor | None = None,
+    ) -> None:
         self.world = world
+        self.act: executor.Executor = act if act is not None else executor.Live()
         self.memory = memory
         self.assumed = assumed if assumed is not None else Assumed()
         self.preempted = False
@@ -174,9 +184,9 @@ class Cycle:
             surplus = [p for p in existing.values() if p.name not in names and not p.deleting]
             try:
                 if create:
-                    await pods.create(create)
+                    await self.act.create_pods(create)
                 if surplus:
-                    await pods.delete([(p.namespace, p.name) for p in surplus])
+                    await self.act.delete_pods([(p.namespace, p.name) for p in surplus])
                     for p in surplus:
                         self.assumed.deleting(p)
             except Exception as error:  # e.g. a namespace being deleted: the others go on
@@ -223,12 +233,12 @@ class Cycle:
                     pending.append(Pending(workload, gang, present))
         if undo:
             log.info("clearing partial reservations", pods=len(undo))
-            await pods.unreserve([(p.namespace, p.name) for p in undo])
+            await self.act.unreserve([(p.namespace, p.name) for p in undo])
             for p in undo:
                 self.assumed.released(p)
         if finish:
             log.info("finishing reserved gangs", pods=len(finish))
-            outcomes = await pods.bind(
+            outcomes = await self.act.bind(
                 [(p.namespace, p.name, p.reserved_node or "") for p in finish]
             )
             for p, outcome in zip(finish, outcomes, strict=True):
@@ -294,13 +304,13 @@ class Cycle:
             if isinstance(verdict, model.Placement):
                 snapshot.commit(verdict)
                 await self.set_replicas(workload, spec.replicas)
-                _event(workload, "Normal", "Grown", f"grown back to {spec.replicas} replicas")
+                self.event(workload, "Normal", "Grown", f"grown back to {spec.replicas} replicas")
 
     def note_reason(self, item: Pending, reason: model.Reason) -> None:
         """Remember why a gang waits; a Warning Event when the reason is new."""
         key = item.gang.request.gang
         if self.memory.reasons.get(key) != reason:
-            _event(item.workload, "Warning", reason.code, f"gang {key}: {reason.message}")
+            self.event(item.workload, "Warning", reason.code, f"gang {key}: {reason.message}")
             log.info("gang waits", gang=key, reason=reason.code, message=reason.message)
         self.memory.reasons[key] = reason
 
@@ -329,11 +339,20 @@ class Cycle:
         if not victims:
             return False
         doomed = [pod for _, pods_of, _ in victims for pod in pods_of]
-        await pods.annotate(doomed, {labels.CHECKPOINT_REQUEST: request_id})
+        await self.act.annotate(doomed, {labels.CHECKPOINT_REQUEST: request_id})
         for workload, pods_of, kept in victims:
             grace = self.checkpoint_grace(workload)
             if grace is None:
-                await self.give_up(workload, pods_of, kept, by, priority, "")
+                record = trainingjob.Preemption(
+                    by=by,
+                    priority=priority,
+                    request_id=request_id,
+                    evicted_at=clock.SYSTEM.now(),
+                    replicas_kept=kept,
+                    checkpoint=trainingjob.PreemptionCheckpoint.NOT_ASKED,
+                    step=_newest(workload),
+                )
+                await self.give_up(workload, pods_of, record, "")
                 continue
             self.world.decisions.preempting[workload.uid] = read_model.Preempting(
                 request_id,
@@ -345,7 +364,7 @@ class Cycle:
                 tuple(pods_of),
                 kept,
             )
-            _event(
+            self.event(
                 workload,
                 "Normal",
                 "CheckpointRequested",
@@ -354,7 +373,7 @@ class Cycle:
             )
         metrics.PREEMPTIONS.labels("shrink").inc(len(plan.shrink))
         metrics.PREEMPTIONS.labels("evict").inc(len(plan.evict))
-        _event(
+        self.event(
             item.workload,
             "Normal",
             "Preempting",
@@ -372,8 +391,9 @@ class Cycle:
 
     def checkpoint_grace(self, workload: Workload) -> float | None:
         """Seconds a victim gets to checkpoint: None (at once) for inference and for training
-        that saves no checkpoint or has no pod running; else its SuperNode's
-        ``timeSharing.checkpointGraceSeconds``, or :data:`DEFAULT_GRACE_SECONDS`."""
+        that saves no checkpoint or has no pod running; else its own
+        ``spec.checkpoint.graceSeconds``, its SuperNode's ``timeSharing.checkpointGraceSeconds``,
+        or :data:`DEFAULT_GRACE_SECONDS`."""
         if not isinstance(workload.model, trainingjob.TrainingJob):
             return None
         tiers = workload.model.spec.checkpoint
@@ -381,6 +401,8 @@ class Cycle:
             return None
         if not any(p.phase == "Running" for p in self.world.pods.get(workload.key, [])):
             return None
+        if tiers.grace_seconds is not None:
+            return float(tiers.grace_seconds)
         sn = self.world.supernodes.get(workload.model.spec.super_node or "")
         sharing = sn.spec.time_sharing if sn is not None else None
         return float(sharing.checkpoint_grace_seconds) if sharing else DEFAULT_GRACE_SECONDS
@@ -413,9 +435,20 @@ class Cycle:
             self.memory.answers.pop(uid, None)
             if asked.keep is None and value:
                 decisions.resumes[uid] = value  # its new pods restore that step
-            await self.give_up(
-                workload, list(asked.doomed), asked.keep, asked.by, asked.priority, how
+            record = trainingjob.Preemption(
+                by=asked.by,
+                priority=asked.priority,
+                request_id=asked.request,
+                requested_at=asked.requested_at,
+                evicted_at=real,
+                replicas_kept=asked.keep,
+                checkpoint=trainingjob.PreemptionCheckpoint.ANSWERED
+                if answered
+                else trainingjob.PreemptionCheckpoint.GRACE_EXPIRED,
+                step=step,
+                checkpoint_seconds=round(max(waited, 0.0), 3),
             )
+            await self.give_up(workload, list(asked.doomed), record, how)
 
     async def check(self, workload: Workload, asked: read_model.Preempting, at: float) -> None:
         """The newest step every rank of a preempted job committed, and the restore value
@@ -430,7 +463,7 @@ class Cycle:
             if p.node and p.node in nodes
         }
         persistent = workload.model.spec.checkpoint.persistent
-        found = await checkpoints.inventory(
+        found = await self.act.inventory(
             workload.uid, endpoints, persistent.uri if persistent else None
         )
         size = read_model.replicas_now(self.world, workload)
@@ -449,40 +482,60 @@ class Cycle:
         self,
         workload: Workload,
         doomed: list[tuple[str, str]],
-        keep: int | None,
-        by: str,
-        priority: int,
+        record: trainingjob.Preemption,
         how: str,
     ) -> None:
-        """A victim's pods go: an elastic gang shrinks to ``keep`` replicas, else the whole
-        gang is evicted (condition Preempted, which says whether it checkpointed)."""
-        why = f"for {by} (priority {priority})" + (f"; {how}" if how else "")
+        """A victim's pods go: an elastic gang shrinks to ``record.replicas_kept`` replicas,
+        else the whole gang is evicted (condition Preempted, which says whether it
+        checkpointed); a TrainingJob's ``status.preemptions`` gets ``record``."""
+        why = f"for {record.by} (priority {record.priority})" + (f"; {how}" if how else "")
+        keep = record.replicas_kept
+        extra: dict[str, Any] = {}
+        if workload.kind == trainingjob.KIND:
+            history = [*self.preemptions_of(workload), common.to_wire(record)]
+            history = history[-trainingjob.KEPT_PREEMPTIONS :]
+            self.memory.preemptions[workload.uid] = history
+            extra["preemptions"] = history
         if keep is not None:
-            await self.set_replicas(workload, keep)
-            _event(workload, "Warning", "Shrunk", f"shrunk to {keep} replicas {why}")
+            await self.set_replicas(workload, keep, extra)
+            self.event(workload, "Warning", "Shrunk", f"shrunk to {keep} replicas {why}")
         else:
             self.memory.statuses.pop(workload.uid, None)
-            await self.mark_preempted(workload, f"evicted {why}")
-        await pods.delete(doomed)
+            await self.mark_preempted(workload, f"evicted {why}", extra)
+        await self.act.delete_pods(doomed)
         live = {p.key: p for facts in self.world.pods.values() for p in facts}
         for namespace, name in doomed:
             if (pod := live.get(f"{namespace}/{name}")) is not None:
                 self.assumed.deleting(pod)
         self.preempted = True
 
+    def event(self, workload: Workload, kind: str, reason: str, message: str) -> None:
+        self.act.event(workload.ref, kind, reason, message)
+
     def effective(self, workload: Workload) -> int:
         return read_model.replicas_now(self.world, workload)
 
-    async def set_replicas(self, workload: Workload, replicas: int) -> None:
+    async def set_replicas(
+        self, workload: Workload, replicas: int, extra: Mapping[str, Any] | None = None
+    ) -> None:
         self.world.decisions.replicas[workload.uid] = replicas
-        await k8s_status.patch_status(
+        await self.act.patch_status(
             trainingjob.PLURAL,
             workload.namespace,
             workload.name,
-            {"replicas": {"desired": replicas}},
+            {"replicas": {"desired": replicas}, **(extra or {})},
         )
 
-    async def mark_preempted(self, workload: Workload, message: str) -> None:
+    def preemptions_of(self, workload: Workload) -> list[dict[str, Any]]:
+        """status.preemptions as this cycle last wrote them, else as the index shows them."""
+        remembered = self.memory.preemptions.get(workload.uid)
+        if remembered is not None:
+            return [dict(p) for p in remembered]
+        return [dict(p) for p in workload.status.get("preemptions") or []]
+
+    async def mark_preempted(
+        self, workload: Workload, message: str, extra: Mapping[str, Any] | None = None
+    ) -> None:
         plural = (
             trainingjob.PLURAL if workload.kind == trainingjob.KIND else inferenceservice.PLURAL
         )
@@ -490,10 +543,10 @@ class Cycle:
         conditions = common.set_condition(self.conditions_of(workload), condition)
         wire = [common.to_wire(c) for c in conditions]
         self.memory.conditions[workload.uid] = wire
-        await k8s_status.patch_status(
-            plural, workload.namespace, workload.name, {"conditions": wire}
+        await self.act.patch_status(
+            plural, workload.namespace, workload.name, {"conditions": wire, **(extra or {})}
         )
-        _event(workload, "Warning", "Preempted", condition.message)
+        self.event(workload, "Warning", "Preempted", condition.message)
 
     def conditions_of(self, workload: Workload) -> list[common.Condition]:
         """The workload's conditions as this cycle last wrote them, else as the index shows."""
@@ -511,7 +564,7 @@ class Cycle:
         reservations = [(b, *r) for b in bindings for r in self.unbound(b)]
         for _, pod, node, cards in reservations:
             self.assumed.reserved(pod, node, cards)
-        outcomes = await pods.reserve(
+        outcomes = await self.act.reserve(
             [(p.namespace, p.name, n, labels.format_cards(c)) for _, p, n, c in reservations]
         )
         failed: set[model.GangKey] = set()
@@ -521,7 +574,7 @@ class Cycle:
                 failed.add(b.placement.gang)
                 log.warning("could not reserve", pod=pod.key, error=str(outcome))
         ready = [r for r in reservations if r[0].placement.gang not in failed]
-        bound = await pods.bind([(p.namespace, p.name, n) for _, p, n, _ in ready])
+        bound = await self.act.bind([(p.namespace, p.name, n) for _, p, n, _ in ready])
         for (b, pod, node, _), outcome in zip(ready, bound, strict=True):
             if not self.bound(pod, node, outcome):
                 failed.add(b.placement.gang)
@@ -532,7 +585,7 @@ class Cycle:
         for b in done:
             nodes = {a.node for a in b.placement.assignments}
             where = sorted({self.supernode_of.get(n, "?") for n in nodes})
-            _event(
+            self.event(
                 b.pending.workload,
                 "Normal",
                 "Scheduled",
@@ -592,7 +645,10 @@ class Cycle:
                     self.supernode_of,
                     self.world,
                     self.conditions_of(workload),
+                    self.preemptions_of(workload),
                 )
+                if "preemptions" in status:
+                    self.memory.preemptions[workload.uid] = status["preemptions"]
                 status = self.shares.amend(workload.key, status)  # time-sharing phase, desired
                 plural = trainingjob.PLURAL
             else:
@@ -600,7 +656,7 @@ class Cycle:
                 plural = inferenceservice.PLURAL
             self.memory.conditions[workload.uid] = status["conditions"]
             if self.memory.statuses.get(workload.uid) != status:
-                await k8s_status.patch_status(plural, workload.namespace, workload.name, status)
+                await self.act.patch_status(plural, workload.namespace, workload.name, status)
                 self.memory.statuses[workload.uid] = status
 
     async def inference_status(
@@ -683,7 +739,7 @@ class Cycle:
             data[f"{role.name}-{replica}.json"] = json.dumps(mapping, separators=(",", ":"))
         content = json.dumps(data, sort_keys=True)
         if data and self.memory.expert_maps.get(workload.uid) != content:
-            await configmaps.apply(workload.namespace, name, data, workload.ref)
+            await self.act.apply_configmap(workload.namespace, name, data, workload.ref)
             self.memory.expert_maps[workload.uid] = content
         return name if data else None
 
@@ -764,6 +820,7 @@ def training_status(
     supernode_of: Mapping[str, str],
     world: World,
     conditions_now: Sequence[common.Condition] | None = None,
+    preemptions: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     by_name = {p.name: p for p in facts}
     all_pods = [p for g in plans for p in g.pods]
@@ -805,7 +862,7 @@ def training_status(
             conditions,
             _condition("Preempted", False, "Resumed", "the gang is bound again", workload),
         )
-    return {
+    status = {
         "observedGeneration": workload.generation,
         "phase": phase.value,
         "replicas": {
@@ -816,6 +873,34 @@ def training_status(
         "placement": _placement_summary(placed, supernode_of),
         "conditions": [common.to_wire(c) for c in conditions],
     }
+    if preemptions:
+        status["preemptions"] = (
+            resumed(preemptions, facts) if complete else [dict(p) for p in preemptions]
+        )
+    return status
+
+
+def resumed(
+    preemptions: Sequence[Mapping[str, Any]], facts: Sequence[convert.PodFacts]
+) -> list[dict[str, Any]]:
+    """status.preemptions once the gang is bound again: the newest eviction (not a shrink) is
+    closed with when, and the step the new pods were told to restore."""
+    history = [dict(p) for p in preemptions]
+    last = history[-1]
+    if last.get("resumedAt") or last.get("replicasKept") is not None:
+        return history
+    steps = set()
+    for pod in facts:
+        try:
+            told = checkpoints.parse_restore(pod.restore)
+        except ValueError:
+            continue
+        if told is not None and told.step is not None:
+            steps.add(told.step)
+    last["resumedAt"] = clock.SYSTEM.now().isoformat().replace("+00:00", "Z")
+    if len(steps) == 1:
+        last["restoredStep"] = steps.pop()
+    return history
 
 
 def _placed(
@@ -878,7 +963,3 @@ WAITING_FOR_CHECKPOINT = model.Reason(
     "WaitingForCheckpoint",
     "lower-priority training was asked to checkpoint before it gives up its cards",
 )
-
-
-def _event(workload: Workload, kind: str, reason: str, message: str) -> None:
-    kopf.event(cast(kopf.Body, workload.ref), type=kind, reason=reason, message=message)

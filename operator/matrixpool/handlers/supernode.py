@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import kopf
 import pydantic
@@ -20,8 +20,7 @@ import structlog
 from matrixpool import api, clock, metrics
 from matrixpool.api import common, inferenceservice, supernode, trainingjob
 from matrixpool.handlers import world as read_model
-from matrixpool.k8s import convert
-from matrixpool.k8s import status as k8s_status
+from matrixpool.k8s import convert, executor
 from matrixpool.placement import inventory
 from matrixpool.timeshare import windows
 
@@ -61,6 +60,7 @@ def supernode_models(name: str, body: kopf.Body, **_: Any) -> dict[str, supernod
 async def report(
     world: read_model.World,
     last: dict[str, dict[str, Any]],
+    act: executor.Executor,
     transitions: Callable[[str], dict[str, Any] | None] = lambda _: None,
 ) -> None:
     """Patch the status of every SuperNode whose numbers or conditions changed.
@@ -75,8 +75,8 @@ async def report(
         metrics.record_supernode(name, desired)
         if desired == last.get(name) or not _differs(desired, current):
             continue
-        await k8s_status.patch_cluster_status(PLURAL, name, desired)
-        _announce(sn, current, desired)
+        await act.patch_cluster_status(PLURAL, name, desired)
+        _announce(sn, current, desired, act)
         last[name] = desired
 
 
@@ -230,7 +230,10 @@ def _differs(desired: Mapping[str, Any], current: Mapping[str, Any]) -> bool:
 
 
 def _announce(
-    sn: supernode.SuperNode, current: Mapping[str, Any], desired: Mapping[str, Any]
+    sn: supernode.SuperNode,
+    current: Mapping[str, Any],
+    desired: Mapping[str, Any],
+    act: executor.Executor,
 ) -> None:
     """An Event and a log line whenever the Ready condition changes status or reason."""
     old = _ready(current)
@@ -243,12 +246,7 @@ def _announce(
         "kind": sn.kind,
         "metadata": {"name": sn.metadata.name, "uid": sn.metadata.uid},
     }
-    kopf.event(
-        cast(kopf.Body, ref),
-        type=kind,
-        reason=str(new.get("reason")),
-        message=str(new.get("message")),
-    )
+    act.event(ref, kind, str(new.get("reason")), str(new.get("message")))
     log.info(
         "supernode readiness changed",
         supernode=sn.metadata.name,

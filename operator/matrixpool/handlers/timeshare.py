@@ -48,7 +48,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-import kopf
 import structlog
 
 from matrixpool import checkpoints, clock, metrics
@@ -57,8 +56,7 @@ from matrixpool.handlers import background
 from matrixpool.handlers import world as read_model
 from matrixpool.handlers.workloads import Workload
 from matrixpool.handlers.world import World
-from matrixpool.k8s import convert, pods
-from matrixpool.k8s import status as k8s_status
+from matrixpool.k8s import convert, executor
 from matrixpool.placement import gangs, inventory
 from matrixpool.timeshare import split, transition, windows
 
@@ -97,8 +95,9 @@ class Memory:
         return self.transitions.get(name, {}).get("status")
 
 
-async def share(world: World, memory: Memory) -> read_model.Shares:
-    """The allowances of this cycle; carries out the handshakes on the way."""
+async def share(world: World, memory: Memory, act: executor.Executor) -> read_model.Shares:
+    """The allowances of this cycle; carries out the handshakes on the way (through
+    ``act``)."""
     shares = read_model.Shares()
     shared = sorted(n for n, sn in world.supernodes.items() if sn.spec.time_sharing is not None)
     if not shared:
@@ -110,7 +109,7 @@ async def share(world: World, memory: Memory) -> read_model.Shares:
     for name in shared:
         members = [w for w in world.workloads if owners.get(w.key) == name and w.model]
         try:
-            await Sharing(world, name, members, sizes.get(name, 0), memory).run(shares)
+            await Sharing(world, name, members, sizes.get(name, 0), memory, act).run(shares)
         except windows.UnknownTimezoneError as error:
             log.warning("time-sharing skipped", supernode=name, error=str(error))
     return shares
@@ -146,9 +145,16 @@ class Sharing:
     """One time-shared SuperNode in one cycle."""
 
     def __init__(
-        self, world: World, name: str, members: list[Workload], node_size: int, memory: Memory
+        self,
+        world: World,
+        name: str,
+        members: list[Workload],
+        node_size: int,
+        memory: Memory,
+        act: executor.Executor,
     ) -> None:
         self.world = world
+        self.act = act
         self.memory = memory
         self.name = name
         self.sn = world.supernodes[name]
@@ -271,7 +277,7 @@ class Sharing:
     async def write(self, job: Workload, value: dict[str, Any]) -> None:
         self.memory.status[job.uid] = value
         wire = {**value, "checkpointRequest": value.get("checkpointRequest")}
-        await k8s_status.patch_status(
+        await self.act.patch_status(
             trainingjob.PLURAL, job.namespace, job.name, {"timeSharing": wire}
         )
 
@@ -291,7 +297,7 @@ class Sharing:
         the daemons of ``nodes``."""
         assert isinstance(job.model, trainingjob.TrainingJob)
         persistent = job.model.spec.checkpoint.persistent
-        found = await checkpoints.inventory(
+        found = await self.act.inventory(
             job.uid,
             self.endpoints(None if whole else nodes),
             persistent.uri if whole and persistent else None,
@@ -317,13 +323,13 @@ class Sharing:
                     window=self.window.name,
                 )
             )
-            await pods.annotate(
+            await self.act.annotate(
                 [(p.namespace, p.name) for p in live], {labels.CHECKPOINT_REQUEST: request["id"]}
             )
             await self.write(job, {**state, "checkpointRequest": request})
             self.memory.checked.pop(job.uid, None)
             metrics.TIMESHARE_CHECKPOINTS.labels("asked").inc()
-            _event(
+            self.act.event(
                 job.ref,
                 "Normal",
                 "CheckpointRequested",
@@ -395,7 +401,7 @@ class Sharing:
         )
         verb = "suspended" if allowance == 0 else f"shrunk to {allowance} replicas"
         how = "answered" if answered else "did not answer"
-        _event(
+        self.act.event(
             job.ref,
             "Normal" if answered else "Warning",
             "Suspended" if allowance == 0 else "Shrunk",
@@ -448,7 +454,9 @@ class Sharing:
             value = ""  # nothing was ever committed: a fresh start
         unbound = [p for p in live if not p.node and (p.key, value) not in self.memory.annotated]
         if value and unbound:
-            await pods.annotate([(p.namespace, p.name) for p in unbound], {labels.RESTORE: value})
+            await self.act.annotate(
+                [(p.namespace, p.name) for p in unbound], {labels.RESTORE: value}
+            )
             self.memory.annotated.update((p.key, value) for p in unbound)
         per = self.per_replica(job)
         if len(live) == allowance * per and all(p.node for p in live):
@@ -457,7 +465,7 @@ class Sharing:
             await self.write(job, {**state, "suspensions": suspensions})
             self.memory.restores.pop(job.uid, None)
             self.memory.annotated = {a for a in self.memory.annotated if a[1] != value}
-            _event(
+            self.act.event(
                 job.ref,
                 "Normal",
                 "Resumed",
@@ -564,7 +572,7 @@ class Sharing:
             "kind": self.sn.kind,
             "metadata": {"name": self.name, "uid": self.sn.metadata.uid},
         }
-        _event(ref, "Normal", reason, message)
+        self.act.event(ref, "Normal", reason, message)
         log.info(reason, supernode=self.name, message=message)
 
 
@@ -581,7 +589,3 @@ def _tier_step(job: Workload) -> int | None:
 
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
-
-
-def _event(ref: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
-    kopf.event(cast(kopf.Body, dict(ref)), type=kind, reason=reason, message=message)

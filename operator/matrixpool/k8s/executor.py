@@ -1,0 +1,143 @@
+"""The one executor: every action the controllers take on the cluster and every question they
+ask the checkpoint daemons goes through an :class:`Executor`.
+
+The controllers in :mod:`matrixpool.handlers` decide from the read model
+(:mod:`matrixpool.handlers.world`) and hand what they decided to the executor they were given:
+create, reserve, bind, annotate and delete pods, patch a status, apply a ConfigMap, record an
+Event, ask the daemons for an inventory, a heartbeat or a pin. The main loop gives them
+:class:`Live`, which calls the API server (:mod:`matrixpool.k8s.pods`,
+:mod:`matrixpool.k8s.status`, :mod:`matrixpool.k8s.configmaps`, ``kopf.event``) and the
+daemons (:mod:`matrixpool.checkpoints`). Unit tests give them a recorder instead and assert the
+actions a world leads to, with no API server and no daemon (``tests/unit/test_plans.py``).
+
+:meth:`Executor.reserve` and :meth:`Executor.bind` answer one outcome per pod (``None``: done;
+else the error), so the caller knows exactly what was written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol, cast
+
+import kopf
+
+from matrixpool import checkpoints
+from matrixpool.k8s import configmaps, pods
+from matrixpool.k8s import status as k8s_status
+
+PodKey = tuple[str, str]  # namespace, name
+
+
+class Executor(Protocol):
+    """Carries out the controllers' actions."""
+
+    async def create_pods(self, manifests: Sequence[Mapping[str, Any]]) -> None:
+        """Create these pods (one already there is no error)."""
+        ...
+
+    async def delete_pods(self, keys: Sequence[PodKey], grace_seconds: int | None = None) -> None:
+        """Delete these pods (one already gone is no error)."""
+        ...
+
+    async def reserve(
+        self, reservations: Sequence[tuple[str, str, str, str]]
+    ) -> list[pods.Outcome]:
+        """Reserve (namespace, pod, node, cards) before binding; one outcome per pod."""
+        ...
+
+    async def unreserve(self, keys: Sequence[PodKey]) -> None:
+        """Clear a partial reservation."""
+        ...
+
+    async def bind(self, bindings: Sequence[tuple[str, str, str]]) -> list[pods.Outcome]:
+        """Bind (namespace, pod, node); one outcome per pod."""
+        ...
+
+    async def annotate(self, keys: Sequence[PodKey], annotations: Mapping[str, str | None]) -> None:
+        """Set (or, with None, remove) annotations on these pods."""
+        ...
+
+    async def patch_status(
+        self, plural: str, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> None:
+        """Merge-patch the status of a namespaced matrixpool object."""
+        ...
+
+    async def patch_cluster_status(self, plural: str, name: str, status: Mapping[str, Any]) -> None:
+        """Merge-patch the status of a cluster-scoped matrixpool object."""
+        ...
+
+    async def apply_configmap(
+        self, namespace: str, name: str, data: Mapping[str, str], owner: Mapping[str, Any]
+    ) -> None:
+        """Make a ConfigMap hold exactly ``data``, owned by ``owner``."""
+        ...
+
+    def event(self, ref: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
+        """Record an Event on the object ``ref`` (apiVersion, kind, metadata name/uid)."""
+        ...
+
+    async def inventory(
+        self, job: str, endpoints: Mapping[str, str], persistent_uri: str | None = None
+    ) -> checkpoints.Inventory:
+        """What the daemons (node -> host:port) and the tier-3 store hold of ``job``."""
+        ...
+
+    async def probe(self, endpoints: Mapping[str, str]) -> dict[str, bool]:
+        """Node -> whether its daemon answers its health check."""
+        ...
+
+    async def pin(self, job: str, endpoints: Iterable[str], step: int | None) -> list[str]:
+        """Ask daemons to keep ``step`` of ``job`` (None: let go); the endpoints that did."""
+        ...
+
+
+class Live:
+    """The executor of a running operator: the API server and the daemons."""
+
+    async def create_pods(self, manifests: Sequence[Mapping[str, Any]]) -> None:
+        await pods.create(manifests)
+
+    async def delete_pods(self, keys: Sequence[PodKey], grace_seconds: int | None = None) -> None:
+        await pods.delete(keys, grace_seconds=grace_seconds)
+
+    async def reserve(
+        self, reservations: Sequence[tuple[str, str, str, str]]
+    ) -> list[pods.Outcome]:
+        return await pods.reserve(reservations)
+
+    async def unreserve(self, keys: Sequence[PodKey]) -> None:
+        await pods.unreserve(keys)
+
+    async def bind(self, bindings: Sequence[tuple[str, str, str]]) -> list[pods.Outcome]:
+        return await pods.bind(bindings)
+
+    async def annotate(self, keys: Sequence[PodKey], annotations: Mapping[str, str | None]) -> None:
+        await pods.annotate(keys, annotations)
+
+    async def patch_status(
+        self, plural: str, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> None:
+        await k8s_status.patch_status(plural, namespace, name, status)
+
+    async def patch_cluster_status(self, plural: str, name: str, status: Mapping[str, Any]) -> None:
+        await k8s_status.patch_cluster_status(plural, name, status)
+
+    async def apply_configmap(
+        self, namespace: str, name: str, data: Mapping[str, str], owner: Mapping[str, Any]
+    ) -> None:
+        await configmaps.apply(namespace, name, data, owner)
+
+    def event(self, ref: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
+        kopf.event(cast(kopf.Body, dict(ref)), type=kind, reason=reason, message=message[:1024])
+
+    async def inventory(
+        self, job: str, endpoints: Mapping[str, str], persistent_uri: str | None = None
+    ) -> checkpoints.Inventory:
+        return await checkpoints.inventory(job, endpoints, persistent_uri)
+
+    async def probe(self, endpoints: Mapping[str, str]) -> dict[str, bool]:
+        return await checkpoints.probe(endpoints)
+
+    async def pin(self, job: str, endpoints: Iterable[str], step: int | None) -> list[str]:
+        return await checkpoints.pin(job, endpoints, step)

@@ -1,0 +1,113 @@
+"""An executor (:class:`matrixpool.k8s.executor.Executor`) that records what the controllers
+decided instead of calling the API server and the daemons, so that their plans are tested with
+neither. The daemons' answers are what the test sets in ``inventories`` and ``healthy``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from matrixpool import checkpoints
+from matrixpool.k8s import pods
+
+
+@dataclass
+class Recorder:
+    """Every call succeeds, except a Binding of a pod already bound to another node (the API
+    server answers it 409, and the pod is elsewhere)."""
+
+    created: list[dict[str, Any]] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)  # "ns/name"
+    deleted_at_once: list[str] = field(default_factory=list)  # grace 0
+    reserved: list[tuple[str, str, str, str]] = field(default_factory=list)
+    unreserved: list[str] = field(default_factory=list)
+    bound_to: dict[str, str] = field(default_factory=dict)  # "ns/name" → node
+    annotated: list[tuple[str, dict[str, str | None]]] = field(default_factory=list)
+    statuses: list[dict[str, Any]] = field(default_factory=list)  # {"name": …, **patch}
+    cluster_statuses: list[dict[str, Any]] = field(default_factory=list)
+    configmaps: dict[str, dict[str, str]] = field(default_factory=dict)
+    events: list[tuple[str, str, str, str]] = field(default_factory=list)  # name, type, reason, msg
+    # the daemons: job UID → what they hold; node → whether its daemon answers
+    inventories: dict[str, checkpoints.Inventory] = field(default_factory=dict)
+    healthy: dict[str, bool] = field(default_factory=dict)
+    asked: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)  # inventory calls
+    pins: list[tuple[str, tuple[str, ...], int | None]] = field(default_factory=list)
+
+    async def create_pods(self, manifests: Sequence[Mapping[str, Any]]) -> None:
+        self.created += [dict(m) for m in manifests]
+
+    async def delete_pods(
+        self, keys: Sequence[tuple[str, str]], grace_seconds: int | None = None
+    ) -> None:
+        names = [f"{ns}/{name}" for ns, name in keys]
+        (self.deleted_at_once if grace_seconds == 0 else self.deleted).extend(names)
+
+    async def reserve(
+        self, reservations: Sequence[tuple[str, str, str, str]]
+    ) -> list[pods.Outcome]:
+        self.reserved += reservations
+        return [None] * len(reservations)
+
+    async def unreserve(self, keys: Sequence[tuple[str, str]]) -> None:
+        self.unreserved += [f"{ns}/{name}" for ns, name in keys]
+
+    async def bind(self, bindings: Sequence[tuple[str, str, str]]) -> list[pods.Outcome]:
+        outcomes: list[pods.Outcome] = []
+        for namespace, name, node in bindings:
+            where = self.bound_to.setdefault(f"{namespace}/{name}", node)
+            outcomes.append(None if where == node else pods.BoundElsewhereError(name))
+        return outcomes
+
+    async def annotate(
+        self, keys: Sequence[tuple[str, str]], annotations: Mapping[str, str | None]
+    ) -> None:
+        self.annotated += [(f"{ns}/{name}", dict(annotations)) for ns, name in keys]
+
+    async def patch_status(
+        self, plural: str, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> None:
+        self.statuses.append({"name": name, **status})
+
+    async def patch_cluster_status(self, plural: str, name: str, status: Mapping[str, Any]) -> None:
+        self.cluster_statuses.append({"name": name, **status})
+
+    async def apply_configmap(
+        self, namespace: str, name: str, data: Mapping[str, str], owner: Mapping[str, Any]
+    ) -> None:
+        self.configmaps[f"{namespace}/{name}"] = dict(data)
+
+    def event(self, ref: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
+        self.events.append((str(ref["metadata"]["name"]), kind, reason, message))
+
+    async def inventory(
+        self, job: str, endpoints: Mapping[str, str], persistent_uri: str | None = None
+    ) -> checkpoints.Inventory:
+        """What the asked daemons that answer hold (tier 3 only when its URI is given)."""
+        self.asked.append((job, tuple(sorted(endpoints))))
+        held = self.inventories.get(job, checkpoints.Inventory(()))
+        silent = frozenset(n for n in endpoints if not self.healthy.get(n, True))
+        seen = tuple(
+            h
+            for h in held.holdings
+            if (h.tier == "persistent" and persistent_uri)
+            or (h.tier != "persistent" and h.node in endpoints and h.node not in silent)
+        )
+        return checkpoints.Inventory(seen, dict(endpoints), silent)
+
+    async def probe(self, endpoints: Mapping[str, str]) -> dict[str, bool]:
+        return {node: self.healthy.get(node, True) for node in endpoints}
+
+    async def pin(self, job: str, endpoints: Iterable[str], step: int | None) -> list[str]:
+        listed = tuple(endpoints)
+        self.pins.append((job, listed, step))
+        return list(listed)
+
+    # ---- what a test asks of the record ------------------------------------------------------
+
+    def reasons(self, name: str | None = None) -> list[str]:
+        return [reason for who, _, reason, _ in self.events if name is None or who == name]
+
+    def status_of(self, name: str, key: str) -> list[Any]:
+        """Every value of status field ``key`` patched on object ``name``, oldest first."""
+        return [s[key] for s in self.statuses if s["name"] == name and key in s]

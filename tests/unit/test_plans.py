@@ -1,0 +1,320 @@
+"""The controllers' plans with no API server and no daemon (issue 12, "plan, then act"): each
+test builds a read model by hand (tests/unit/worlds.py), runs the scheduling cycle, the
+recovery pass or time-sharing on it with a recording executor (tests/unit/recorder.py), and
+checks the actions it took — the pods created, reserved, bound, annotated and deleted, the
+status written, the Events."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+from typing import Any
+
+import pytest
+
+from matrixpool import checkpoints
+from matrixpool.api import inferenceservice, labels
+from matrixpool.handlers import recovery, scheduler, timeshare, world
+from matrixpool.handlers.workloads import Workload
+from tests.unit.recorder import Recorder
+from tests.unit.worlds import fixed_world, held, index, job, pod, running
+
+# ---- the scheduling cycle --------------------------------------------------------------------
+
+
+def cycle(seen: world.World, executor: Recorder, memory: scheduler.Memory | None = None) -> None:
+    asyncio.run(
+        scheduler.Cycle(seen, memory or scheduler.Memory(), world.Assumed(), executor).run()
+    )
+
+
+def test_the_cycle_creates_the_pods_a_new_job_wants_and_deletes_surplus_ones() -> None:
+    executor = Recorder()
+    a = job("a", 2)
+    cycle(fixed_world(index(pod("a-2", "x2")), [a]), executor)
+    created = sorted(m["metadata"]["name"] for m in executor.created)
+    assert created == ["a-0", "a-1"]
+    assert executor.deleted == ["ns/a-2"], "rank 2 is beyond spec.replicas"
+    (first,) = [m for m in executor.created if m["metadata"]["name"] == "a-0"]
+    assert first["metadata"]["labels"][labels.RANK] == "0"
+
+
+def test_the_cycle_reserves_then_binds_a_whole_gang_on_distinct_cards_and_reports_it() -> None:
+    executor = Recorder()
+    a = job("a", 3)
+    cycle(fixed_world(index(*(pod(f"a-{r}", f"u{r}") for r in range(3))), [a]), executor)
+    nodes = [node for _, _, node, _ in executor.reserved]
+    assert len(nodes) == len(set(nodes)) == 3, f"one node per rank: {executor.reserved}"
+    assert set(executor.bound_to) == {"ns/a-0", "ns/a-1", "ns/a-2"}
+    assert all(executor.bound_to[f"ns/{name}"] == node for _, name, node, _ in executor.reserved)
+    (replicas,) = executor.status_of("a", "replicas")[-1:]
+    assert replicas["bound"] == 3, replicas
+
+
+def test_a_gang_that_cannot_fit_waits_whole_with_a_reason_and_an_event() -> None:
+    executor = Recorder()
+    big = job("big", 5)  # 5 nodes of 8 cards; the SuperNode has 4
+    cycle(fixed_world(index(*(pod(f"big-{r}", f"u{r}") for r in range(5))), [big]), executor)
+    assert executor.reserved == [], "nothing of the gang is placed"
+    assert executor.bound_to == {}
+    (conditions,) = executor.status_of("big", "conditions")[-1:]
+    scheduled = next(c for c in conditions if c["type"] == "Scheduled")
+    assert scheduled["status"] == "False"
+    assert scheduled["reason"] in executor.reasons("big"), executor.events
+
+
+def test_a_higher_priority_gang_preempts_one_without_checkpoints_at_once() -> None:
+    executor = Recorder()
+    low = job("low", 2, priority=10)
+    high = job("high", 4, priority=500)
+    facts = index(*running("low", 2), *(pod(f"high-{r}", f"h{r}") for r in range(4)))
+    memory = scheduler.Memory()
+    cycle(fixed_world(facts, [low, high]), executor, memory)
+    assert sorted(executor.deleted) == ["ns/low-0", "ns/low-1"], "no checkpoint to wait for"
+    preempted = [c for c in executor.status_of("low", "conditions")[-1] if c["type"] == "Preempted"]
+    assert preempted
+    assert preempted[0]["status"] == "True"
+    assert "Preempted" in executor.reasons("low")
+    (record,) = executor.status_of("low", "preemptions")[-1]
+    assert (record["by"], record["priority"]) == ("ns/high", 500)
+    assert record["checkpoint"] == "NotAsked"
+    assert "replicasKept" not in record, "evicted whole"
+
+
+def test_an_evicted_job_bound_again_closes_its_preemption_with_the_step_it_restores() -> None:
+    executor = Recorder()
+    value = checkpoints.restore_value(6, [], "preempt-abc", incarnation=9, of=1)
+    record = {
+        "by": "ns/high",
+        "priority": 500,
+        "requestId": "abc",
+        "evictedAt": "2026-11-30T10:00:00Z",
+        "checkpoint": "Answered",
+        "step": 6,
+    }
+    preempted = {
+        "type": "Preempted",
+        "status": "True",
+        "reason": "Preempted",
+        "message": "evicted",
+        "lastTransitionTime": "2026-11-30T10:00:00Z",
+    }
+    low = job("low", 2, status={"preemptions": [record], "conditions": [preempted]})
+    cycle(fixed_world(index(*running("low", 2, restore=value)), [low]), executor)
+    (closed,) = executor.status_of("low", "preemptions")[-1]
+    assert closed["restoredStep"] == 6
+    assert closed["resumedAt"]
+    conditions = {c["type"]: c for c in executor.status_of("low", "conditions")[-1]}
+    assert conditions["Preempted"]["status"] == "False"
+
+
+def test_a_jobs_own_grace_overrides_its_supernodes() -> None:
+    running_pod = fixed_world(index(*running("saver", 1)), [])
+    own = job("saver", 1, checkpoint=True)
+    own.model.spec.checkpoint.grace_seconds = 5  # type: ignore[union-attr]
+    assert scheduler.Cycle(running_pod, scheduler.Memory()).checkpoint_grace(own) == 5.0
+
+
+# ---- recovery --------------------------------------------------------------------------------
+
+
+def recover(seen: world.World, executor: Recorder, state: recovery.State) -> None:
+    asyncio.run(recovery.run(seen, state, executor))
+
+
+def test_a_failed_pod_is_recovered_in_place_from_the_newest_step_every_rank_holds() -> None:
+    executor = Recorder()
+    a = job("a", 2, checkpoint=True)
+    executor.inventories["uid-a"] = checkpoints.Inventory(
+        (
+            *(held("uid-a", s, r, f"n{r}") for s in (4, 6) for r in (0, 1)),
+            held("uid-a", 8, 0, "n0"),  # rank 1 never committed step 8
+        )
+    )
+    pods = running("a", 2)
+    pods[1] = dataclasses.replace(pods[1], phase="Failed")
+    seen = fixed_world(index(*pods), [a])
+    recover(seen, executor, recovery.State())
+    (plan,) = executor.status_of("a", "recovering")
+    assert (plan["level"], plan["restoredStep"]) == ("InPlace", 6), plan
+    assert plan["targets"] == {"1": "n1"}
+    assert seen.decisions.recovering["uid-a"] == plan, "the plan is in the read model too"
+    assert executor.deleted_at_once == ["ns/a-1"], "a failed pod goes without grace"
+    ((reloaded, annotations),) = executor.annotated
+    told = checkpoints.parse_restore(annotations[labels.RESTORE])
+    assert reloaded == "ns/a-0"
+    assert told is not None
+    assert (told.step, told.recovery) == (6, plan["id"])
+    pinned = ("uid-a", ("10.0.0.0:7040", "10.0.0.1:7040"), 6)
+    assert executor.pins == [pinned], "the step is pinned on both holders first"
+    assert "Recovering" in executor.reasons("a")
+
+
+def test_a_lost_node_swaps_in_a_spare_and_its_rank_restores_from_a_peer_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(recovery, "SETTLE_SECONDS", 0.0)
+    executor = Recorder()
+    a = job("a", 2, checkpoint=True)
+    executor.inventories["uid-a"] = checkpoints.Inventory(
+        (held("uid-a", 6, 0, "n0"), held("uid-a", 6, 1, "n0"))  # n0 keeps rank 1's peer copy
+    )
+    seen = fixed_world(index(*running("a", 2)), [a], spares=1, down=frozenset({"n1"}))
+    recover(seen, executor, recovery.State())
+    (plan,) = executor.status_of("a", "recovering")
+    assert (plan["level"], plan["restoredStep"]) == ("SpareSwap", 6), plan
+    (spare,) = plan["targets"].values()
+    assert spare not in ("n0", "n1"), plan
+    assert executor.deleted_at_once == ["ns/a-1"], "the rank on the lost node goes at once"
+    assert "n1" not in {n for _, asked in executor.asked for n in asked}, "a lost node is not asked"
+
+
+def test_a_job_out_of_recoveries_fails_with_the_reason() -> None:
+    executor = Recorder()
+    a = job("a", 2, checkpoint=True, recovery={"maxRecoveries": 1}, status={"recoveryCount": 1})
+    executor.inventories["uid-a"] = checkpoints.Inventory(
+        tuple(held("uid-a", 6, r, f"n{r}") for r in (0, 1))
+    )
+    pods = running("a", 2)
+    pods[0] = dataclasses.replace(pods[0], phase="Failed")
+    seen = fixed_world(index(*pods), [a])
+    recover(seen, executor, recovery.State())
+    assert seen.decisions.failed["uid-a"][0] == "MaxRecoveriesReached"
+    assert "MaxRecoveriesReached" in executor.reasons("a")
+    assert executor.status_of("a", "recovering") == []
+    assert executor.deleted_at_once == []
+
+
+def test_a_recovery_is_recorded_once_every_rank_runs_the_restored_step() -> None:
+    executor = Recorder()
+    value = checkpoints.restore_value(6, [], "r1-abc", incarnation=9, of=1)
+    plan = {
+        "id": "r1-abc",
+        "level": "InPlace",
+        "cause": "PodFailed on n1",
+        "restoredStep": 6,
+        "lostSteps": 1,
+        "detectedAt": "2026-11-30T10:00:00Z",
+        "targets": {"1": "n1"},
+        "restore": {"0-1": value},
+        "pinned": ["10.0.0.0:7040"],
+    }
+    a = job("a", 2, checkpoint=True, status={"recovering": plan})
+    seen = fixed_world(index(*running("a", 2, restore=value)), [a])
+    recover(seen, executor, recovery.State())
+    (written,) = [s for s in executor.statuses if "recoveries" in s]
+    assert written["recovering"] is None
+    assert written["recoveryCount"] == 1
+    (entry,) = written["recoveries"]
+    assert (entry["id"], entry["restoredStep"]) == ("r1-abc", 6)
+    assert "targets" not in entry
+    assert entry["recoveredAt"]
+    assert ("uid-a", ("10.0.0.0:7040",), None) in executor.pins, "the pin is let go"
+    assert "Recovered" in executor.reasons("a")
+
+
+# ---- time-sharing ----------------------------------------------------------------------------
+
+ALL_DAY: dict[str, Any] = {  # one window, all day: inference may take the whole SuperNode (4 nodes, 32 cards)
+    "timezone": "UTC",
+    "windows": [{"name": "busy", "start": "00:00", "end": "00:00", "inferenceCards": 32}],
+    "checkpointGraceSeconds": 30,
+}
+
+
+def service(name: str, replicas: int) -> Workload:
+    body = {
+        "apiVersion": "matrixpool.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"},
+        "spec": {
+            "superNode": "sn-a",
+            "roles": [
+                {"name": "serve", "replicas": replicas, "podsPerReplica": 1, "cardsPerPod": 8}
+            ],
+        },
+    }
+    model = inferenceservice.parse(body)
+    return Workload("InferenceService", "ns", name, f"uid-{name}", "", 1, model, None, {})
+
+
+def test_a_window_that_gives_inference_every_card_asks_training_to_checkpoint_then_suspends_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(timeshare, "CHECK_SECONDS", 0.0)
+    executor, memory = Recorder(), timeshare.Memory()
+    a = job("a", 2, checkpoint=True)
+    chat = service("chat", 4)
+    executor.inventories["uid-a"] = checkpoints.Inventory(
+        tuple(held("uid-a", 4, r, f"n{r}") for r in (0, 1))
+    )
+    seen = fixed_world(index(*running("a", 2)), [a, chat], time_sharing=ALL_DAY)
+
+    async def passes(count: int) -> world.Shares:
+        shares = world.Shares()
+        for _ in range(count):
+            shares = await timeshare.share(seen, memory, executor)
+            await asyncio.sleep(0.01)  # the daemons are asked in the background
+        return shares
+
+    shares = asyncio.run(passes(2))
+    asked = {pod: values[labels.CHECKPOINT_REQUEST] for pod, values in executor.annotated}
+    assert set(asked) == {"ns/a-0", "ns/a-1"}
+    assert len(set(asked.values())) == 1
+    request = executor.status_of("a", "timeSharing")[0]["checkpointRequest"]
+    assert request["baselineStep"] == 4
+    assert request["replicas"] == 0
+    assert shares.phases["ns/a"] == "Checkpointing"
+    assert shares.training["ns/a"] == 2, "its pods stay until it answers"
+    assert "CheckpointRequested" in executor.reasons("a")
+
+    executor.inventories["uid-a"] = checkpoints.Inventory(  # the answer: step 6 on both ranks
+        tuple(held("uid-a", s, r, f"n{r}") for s in (4, 6) for r in (0, 1))
+    )
+    shares = asyncio.run(passes(2))
+    assert shares.training["ns/a"] == 0
+    assert shares.phases["ns/a"] == "Suspended"
+    (suspension,) = executor.status_of("a", "timeSharing")[-1]["suspensions"]
+    assert (suspension["step"], suspension["answered"], suspension["worldSize"]) == (6, True, 2)
+    assert "Suspended" in executor.reasons("a")
+
+
+def test_a_suspended_job_that_gets_cards_back_is_told_to_restore_its_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    executor, memory = Recorder(), timeshare.Memory()
+    suspended: dict[str, Any] = {
+        "timeSharing": {
+            "suspensions": [
+                {
+                    "requestId": "ts-1",
+                    "window": "busy",
+                    "suspendedAt": datetime.datetime(2026, 11, 30, 9, tzinfo=datetime.UTC)
+                    .isoformat()
+                    .replace("+00:00", "Z"),
+                    "worldSize": 2,
+                    "step": 6,
+                    "answered": True,
+                }
+            ]
+        }
+    }
+    a = job("a", 2, checkpoint=True, status=suspended)
+    executor.inventories["uid-a"] = checkpoints.Inventory(
+        tuple(held("uid-a", 6, r, f"n{r}") for r in (0, 1))
+    )
+    quiet = {**ALL_DAY, "windows": [{**ALL_DAY["windows"][0], "inferenceCards": 0}]}
+    pending = index(pod("a-0", "new0"), pod("a-1", "new1"))
+    seen = fixed_world(pending, [a], time_sharing=quiet)
+    asyncio.run(timeshare.share(seen, memory, executor))
+    told = {pod: checkpoints.parse_restore(v[labels.RESTORE]) for pod, v in executor.annotated}
+    assert set(told) == {"ns/a-0", "ns/a-1"}
+    assert all(t is not None and t.step == 6 and t.recovery == "resume-ts-1" for t in told.values())
+
+    bound = index(*running("a", 2))
+    asyncio.run(timeshare.share(fixed_world(bound, [a], time_sharing=quiet), memory, executor))
+    (closed,) = executor.status_of("a", "timeSharing")[-1]["suspensions"]
+    assert closed["restoredStep"] == 6
+    assert closed["resumedAt"]
+    assert "Resumed" in executor.reasons("a")
