@@ -308,3 +308,13 @@ def parse_restore(value: str | None) -> Restore | None:
     return Restore(
         step, tuple(sources), str(body.get("recovery") or ""), numbers["incarnation"], numbers["of"]
     )
+
+
+def restore_id(value: str | None) -> str:
+    """The id of the recovery or resume a restore annotation names ("" when none, or when the
+    value cannot be read)."""
+    try:
+        parsed = parse_restore(value)
+    except ValueError:
+        return ""
+    return parsed.recovery if parsed else ""

@@ -1,7 +1,9 @@
 """Checkpoint-aware priority preemption (issue 12) on the real control plane, with
 ``matrixpool sim`` playing kubelets and trainers: a training job that a higher priority
 preempts is asked to checkpoint first, gives up its cards once it answered, says so in its
-Preempted condition, and later resumes from the step it saved."""
+Preempted condition and its ``status.preemptions`` record, and later resumes from the step
+it saved, or a newer one its trainers committed before they stopped (the record then says
+when, and which step)."""
 
 from __future__ import annotations
 
@@ -47,6 +49,9 @@ def test_a_preempted_training_job_checkpoints_first_and_resumes_from_that_step(
         ).to_dict()["items"]
     }
     assert "CheckpointRequested" in reasons, reasons
+    (record,) = status(cluster, namespace)["preemptions"]
+    assert (record["checkpoint"], record["step"]) == ("Answered", step), record
+    assert record["by"].startswith(f"{namespace}/chat/"), record
 
     cluster.kubectl("delete", "inferenceservice", "chat", "-n", namespace)
     framework.eventually(
@@ -54,15 +59,23 @@ def test_a_preempted_training_job_checkpoints_first_and_resumes_from_that_step(
         timeout=120,
         what=f"{JOB} bound again",
     )
+    (closed,) = framework.eventually(
+        lambda: [p for p in status(cluster, namespace)["preemptions"] if p.get("resumedAt")],
+        what="the preemption record closed",
+    )
+    # The new pods restore the newest step every rank committed once the evicted pods were
+    # gone: the answer, or a step the trainers saved after it during their eviction.
+    restored = closed["restoredStep"]
+    assert restored >= step, closed
     for rank in range(4):
         lines = framework.eventually(
             lambda rank=rank: [
                 line
                 for line in sim.trainer_lines(namespace, f"{JOB}-{rank}")
-                if str(line.get("recovery", "")).startswith("preempt-")
+                if line.get("asked") and "preempt-" in str(line["asked"])
             ],
             timeout=90,
             what=f"rank {rank} resumes",
         )
-        assert lines[-1]["restored"] == step, lines[-1]
+        assert lines[-1].get("restored") == restored, lines[-1]
         assert lines[-1]["intact"] is True, lines[-1]

@@ -216,7 +216,9 @@ def test_a_recovery_is_recorded_once_every_rank_runs_the_restored_step() -> None
 
 # ---- time-sharing ----------------------------------------------------------------------------
 
-ALL_DAY: dict[str, Any] = {  # one window, all day: inference may take the whole SuperNode (4 nodes, 32 cards)
+ALL_DAY: dict[
+    str, Any
+] = {  # one window, all day: inference may take the whole SuperNode (4 nodes, 32 cards)
     "timezone": "UTC",
     "windows": [{"name": "busy", "start": "00:00", "end": "00:00", "inferenceCards": 32}],
     "checkpointGraceSeconds": 30,

@@ -157,9 +157,20 @@ def test_a_preempted_training_job_is_asked_to_checkpoint_and_evicted_on_its_answ
         6,
         calls.annotated[0][1]["matrixpool.dev/checkpoint-request"],
     )
-    resume = checkpoints.parse_restore(decisions.resumes["uid-low"])
-    assert resume is not None, "its new pods restore the answered step"
-    assert resume.step == 6
+    assert calls.created == [], "no new pod while the evicted ones are going"
+
+    # The evicted pods are gone; their trainers committed step 8 before they stopped. The new
+    # pods are created once the daemons said so (asked in the background), told to restore 8.
+    calls.inventories["uid-low"] = checkpoints.Inventory(
+        (held("uid-low", 8, 0, "n0"), held("uid-low", 8, 1, "n1"))
+    )
+    facts = index(*(pod(f"high-{r}", f"h{r}") for r in range(4)))
+    asyncio.run(cycles(3))
+    created = {m["metadata"]["name"]: m["metadata"] for m in calls.created}
+    assert set(created) == {"low-0", "low-1"}
+    told = checkpoints.parse_restore(created["low-0"]["annotations"]["matrixpool.dev/restore"])
+    assert told is not None
+    assert (told.step, told.recovery) == (8, f"preempt-{record['requestId']}")
 
 
 def test_training_without_checkpoints_and_inference_give_up_their_cards_at_once() -> None:

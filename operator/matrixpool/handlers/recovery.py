@@ -773,11 +773,7 @@ def _kept(found: int | None, known: Any) -> int | None:
 
 
 def _recovery_id(value: str) -> str:
-    try:
-        parsed = checkpoints.parse_restore(value)
-    except ValueError:
-        return ""
-    return parsed.recovery if parsed else ""
+    return checkpoints.restore_id(value)
 
 
 def _down(nodes: Mapping[str, inventory.NodeInfo], node: str | None) -> bool:

@@ -12,7 +12,9 @@ Cycle phases: 1 read the world, 2 the gangs each workload wants, 3 create missin
 delete surplus ones, 4 finish or undo half-done bindings, 4b victims of a preemption that
 checkpointed (or ran out of grace) give up their pods, 5 place pending gangs highest priority
 first (preempting if needed: training that checkpoints is asked first), 6 reserve and bind,
-7 write each workload's status, composed once.
+7 write each workload's status, composed once. Every action goes through the executor the
+cycle is given (:mod:`matrixpool.k8s.executor`), so the cycle's plans are unit-tested with a
+recording one.
 
 One writer per status field of a TrainingJob or InferenceService (merge patches of disjoint
 fields cannot undo each other; each writer remembers what it wrote, so a lagging index never
@@ -21,9 +23,9 @@ makes it drop a condition):
 =======================================================  ==================================
 field                                                    writer
 =======================================================  ==================================
-``phase``, ``replicas``, ``placement``, ``conditions``,  this cycle (phase 7; ``replicas``
-``observedGeneration``, ``roles``, ``roleSummary``,      and ``conditions`` also at a
-``expertMap``                                            preemption)
+``phase``, ``replicas``, ``placement``, ``conditions``,  this cycle (phase 7; ``replicas``,
+``observedGeneration``, ``roles``, ``roleSummary``,      ``conditions`` and ``preemptions``
+``expertMap``, ``preemptions``                           also at a preemption)
 ``recovering``, ``recoveries``, ``recoveryCount``,       :mod:`matrixpool.handlers.recovery`
 ``checkpoints``
 ``timeSharing``                                          :mod:`matrixpool.handlers.timeshare`
@@ -69,8 +71,10 @@ class Memory:
     # workload → status.conditions as this cycle last wrote them (their only writer: a stale
     # index never makes it drop one it set)
     conditions: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    # preempted job → (when asked, newest step committed for every rank, its restore value)
-    answers: dict[str, tuple[float, int | None, str]] = field(default_factory=dict)
+    # preempted job → (when asked, newest step committed for every rank)
+    answers: dict[str, tuple[float, int | None]] = field(default_factory=dict)
+    # evicted job → (preemption request id, the restore value its new pods get; "": none)
+    resumes: dict[str, tuple[str, str]] = field(default_factory=dict)
     tasks: background.Tasks = field(default_factory=background.Tasks)  # answer checks by job
     # workload → status.preemptions as this cycle last wrote them (their only writer)
     preemptions: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
@@ -81,6 +85,7 @@ class Memory:
         self.statuses.pop(uid, None)
         self.expert_maps.pop(uid, None)
         self.answers.pop(uid, None)
+        self.resumes.pop(uid, None)
         self.conditions.pop(uid, None)
         self.preemptions.pop(uid, None)
         self.tasks.cancel(uid)
@@ -164,23 +169,17 @@ class Cycle:
             template = self.template(workload)
             resource = self.card_resource(workload)
             recovery = read_model.recovery_of(self.world, workload)
-            resume = self.world.decisions.resumes.get(workload.uid)
+            missing = [plan for plan in plans if plan.name not in existing]
+            resume = self.resume_value(workload, existing) if missing and not recovery else ""
             create = [
                 pin(
                     pods.manifest(plan, template(plan.role), workload.ref, resource),
                     recovery,
                     resume,
                 )
-                for plan in plans
-                if plan.name not in existing
+                for plan in missing
+                if resume is not None  # None: an evicted job's restore is not known yet
             ]
-            if (
-                resume is not None
-                and plans
-                and not create
-                and all((p := existing.get(plan.name)) and p.restore == resume for plan in plans)
-            ):
-                del self.world.decisions.resumes[workload.uid]  # every new pod was told
             surplus = [p for p in existing.values() if p.name not in names and not p.deleting]
             try:
                 if create:
@@ -191,6 +190,71 @@ class Cycle:
                         self.assumed.deleting(p)
             except Exception as error:  # e.g. a namespace being deleted: the others go on
                 log.warning("could not reconcile pods", workload=workload.key, error=str(error))
+
+    def resume_value(
+        self, workload: Workload, existing: Mapping[str, convert.PodFacts]
+    ) -> str | None:
+        """What the new pods of a TrainingJob evicted by a preemption restore ("" when it was
+        not evicted, or nothing was committed), or None while that is not known yet.
+
+        Known once every old pod is gone (the trainers save until they stop) and the daemons
+        of its SuperNode and its tier 3 have told the newest step committed for every rank
+        then — asked in the background (:meth:`find_resume`), the answer read by a later
+        cycle. The open ``status.preemptions`` record says the job must resume, so a restarted
+        operator does the same; pods already told keep what they were told."""
+        opened = self.open_eviction(workload)
+        if opened is None:
+            return ""
+        request = str(opened.get("requestId") or "")
+        tag = f"preempt-{request}"
+        told = [p for p in existing.values() if checkpoints.restore_id(p.restore) == tag]
+        if told:
+            return told[0].restore
+        cached = self.memory.resumes.get(workload.uid)
+        if cached is not None and cached[0] == request:
+            return cached[1]
+        if existing:
+            return None  # the evicted pods are still going
+        self.memory.tasks.start(f"resume/{workload.uid}", self.find_resume(workload, request))
+        return None
+
+    def open_eviction(self, workload: Workload) -> Mapping[str, Any] | None:
+        """The newest preemption of a TrainingJob that evicted it whole and has not resumed."""
+        if not isinstance(workload.model, trainingjob.TrainingJob):
+            return None
+        history = self.preemptions_of(workload)
+        last = history[-1] if history else None
+        if last is None or last.get("resumedAt") or last.get("replicasKept") is not None:
+            return None
+        return last
+
+    async def find_resume(self, workload: Workload, request: str) -> None:
+        """The restore value of an evicted job's new pods: the newest step every rank
+        committed (one incarnation) on its SuperNode's daemons or its tier 3."""
+        assert isinstance(workload.model, trainingjob.TrainingJob)
+        spec = workload.model.spec
+        tiers = spec.checkpoint
+        value = ""
+        if tiers.memory or tiers.local or tiers.persistent:
+            home = spec.super_node
+            endpoints = {
+                str(n.name): n.endpoint
+                for n in self.world.nodes
+                if n.endpoint and (not home or self.supernode_of.get(str(n.name)) == home)
+            }
+            persistent = tiers.persistent.uri if tiers.persistent else None
+            found = await self.act.inventory(workload.uid, endpoints, persistent)
+            step = found.newest_complete(read_model.replicas_now(self.world, workload))
+            if step is not None:
+                value = checkpoints.restore_value(
+                    step,
+                    found.holders(step),
+                    f"preempt-{request}",
+                    incarnation=checkpoints.new_incarnation(found, clock.SYSTEM.now()),
+                    of=found.incarnation_of(step),
+                )
+        self.memory.resumes[workload.uid] = (request, value)
+        log.info("evicted job resumes", job=workload.key, request=request, restore=value or None)
 
     def template(self, workload: Workload) -> Any:
         if isinstance(workload.model, trainingjob.TrainingJob):
@@ -417,10 +481,10 @@ class Cycle:
             if workload is None:
                 del decisions.preempting[uid]
                 continue
-            at, step, value = self.memory.answers.get(uid, (float("-inf"), None, ""))
+            at, step = self.memory.answers.get(uid, (float("-inf"), None))
             now = clock.SYSTEM.monotonic()
             if now - at >= CHECK_SECONDS:
-                self.memory.tasks.start(uid, self.check(workload, asked, now))
+                self.memory.tasks.start(uid, self.check(workload, now))
             real = clock.SYSTEM.now()
             if not transition.released(asked.baseline, step, asked.requested_at, asked.grace, real):
                 continue
@@ -433,8 +497,6 @@ class Cycle:
             )
             del decisions.preempting[uid]
             self.memory.answers.pop(uid, None)
-            if asked.keep is None and value:
-                decisions.resumes[uid] = value  # its new pods restore that step
             record = trainingjob.Preemption(
                 by=asked.by,
                 priority=asked.priority,
@@ -450,12 +512,12 @@ class Cycle:
             )
             await self.give_up(workload, list(asked.doomed), record, how)
 
-    async def check(self, workload: Workload, asked: read_model.Preempting, at: float) -> None:
-        """The newest step every rank of a preempted job committed, and the restore value
-        that resumes from it."""
+    async def check(self, workload: Workload, at: float) -> None:
+        """The newest step every rank of a preempted job committed, on the daemons of its
+        nodes (and its tier 3): whether it answered."""
         assert isinstance(workload.model, trainingjob.TrainingJob)
-        _, known, value = self.memory.answers.get(workload.uid, (at, None, ""))
-        self.memory.answers[workload.uid] = (at, known, value)  # asked: not again too soon
+        _, known = self.memory.answers.get(workload.uid, (at, None))
+        self.memory.answers[workload.uid] = (at, known)  # asked: not again too soon
         nodes = {str(n.name): n.endpoint for n in self.world.nodes if n.endpoint}
         endpoints = {
             p.node: nodes[p.node]
@@ -467,16 +529,7 @@ class Cycle:
             workload.uid, endpoints, persistent.uri if persistent else None
         )
         size = read_model.replicas_now(self.world, workload)
-        step = found.newest_complete(size)
-        if step is not None:
-            value = checkpoints.restore_value(
-                step,
-                found.holders(step),
-                f"preempt-{asked.request}",
-                incarnation=checkpoints.new_incarnation(found, clock.SYSTEM.now()),
-                of=found.incarnation_of(step),
-            )
-        self.memory.answers[workload.uid] = (at, step, value)
+        self.memory.answers[workload.uid] = (at, found.newest_complete(size))
 
     async def give_up(
         self,

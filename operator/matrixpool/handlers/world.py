@@ -17,8 +17,11 @@ field           written by                    read by
 ``failed``      recovery (no level left)      scheduler (no pods), recovery, status
 ``replicas``    scheduler (shrink, grow)      every ``replicas_now``
 ``preempting``  scheduler (ask, then evict)   scheduler
-``resumes``     scheduler (answer kept)       scheduler (new pods of an evicted job)
 ==============  ============================  =========================================
+
+An evicted TrainingJob's resume is not a decision here: its open ``status.preemptions``
+record (no ``resumedAt``) says it must resume, so an operator restarted in between still
+tells the new pods what to restore.
 
 Time-sharing's allowances (:class:`Shares`) are the fourth input: computed by
 :mod:`matrixpool.handlers.timeshare` each loop and handed to the others through the World.
@@ -66,7 +69,6 @@ class Decisions:
     failed: dict[str, tuple[str, str]] = field(default_factory=dict)  # (reason code, message)
     replicas: dict[str, int] = field(default_factory=dict)  # after a shrink or a grow
     preempting: dict[str, Preempting] = field(default_factory=dict)  # victims asked to save
-    resumes: dict[str, str] = field(default_factory=dict)  # evicted job → its restore value
 
     def forget(self, uid: str) -> None:
         for remembered in (
@@ -74,7 +76,6 @@ class Decisions:
             self.failed,
             self.replicas,
             self.preempting,
-            self.resumes,
         ):
             remembered.pop(uid, None)
 
