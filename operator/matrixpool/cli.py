@@ -138,7 +138,30 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         help="folder tier-3 URIs must be inside (default: FOLDER/persistent)",
     )
+    sim.add_argument(
+        "--namespace",
+        default=os.environ.get("MATRIXPOOL_NAMESPACE")
+        or "default",  # k8s.client.operator_namespace
+        help="the operator's namespace, where the daemons' Leases go "
+        "(default: $MATRIXPOOL_NAMESPACE, else default)",
+    )
     sim.set_defaults(handler=_sim)
+
+    announce = commands.add_parser(
+        "announce", help="keep this node's checkpoint daemon Lease renewed while it answers"
+    )
+    announce.add_argument("--node", required=True, help="the node (spec.nodeName)")
+    announce.add_argument("--endpoint", required=True, help="the daemon's host:port")
+    announce.add_argument(
+        "--namespace",
+        default=os.environ.get("MATRIXPOOL_NAMESPACE")
+        or "default",  # k8s.client.operator_namespace
+        help="where the Lease goes: the operator's namespace",
+    )
+    announce.add_argument(
+        "--lease-seconds", type=int, default=40, help="leaseDurationSeconds; renewed every quarter"
+    )
+    announce.set_defaults(handler=_announce)
 
     demo = commands.add_parser("demo", help="local cluster + operator + examples")
     demo.add_argument(
@@ -255,6 +278,7 @@ def _sim(args: argparse.Namespace) -> int:
         args.state_bytes,
         **({"port": args.port} if args.port else {}),
         **({"persistent_root": args.persistent_root} if args.persistent_root else {}),
+        namespace=args.namespace,
     )
     print(
         f"simulating nodes of {', '.join(args.supernode) or 'every supernode'}; "
@@ -263,6 +287,23 @@ def _sim(args: argparse.Namespace) -> int:
         flush=True,
     )
     simulation.run(stop)
+    return 0
+
+
+def _announce(args: argparse.Namespace) -> int:
+    from matrixpool.k8s import client, daemonleases
+
+    if not 4 <= args.lease_seconds <= 3600:
+        print("--lease-seconds must be between 4 and 3600", file=sys.stderr)
+        return 2
+    daemonleases.run(
+        client.from_kubeconfig(None),
+        args.namespace,
+        args.node,
+        args.endpoint,
+        duration=args.lease_seconds,
+        log=lambda line: print(line, file=sys.stderr, flush=True),
+    )
     return 0
 
 

@@ -38,8 +38,7 @@ def jobs_held(cluster: framework.TestCluster, sim: framework.Sim) -> set[str]:
     credential, as the operator asks)."""
     token = sim.operator_token()
     held: set[str] = set()
-    for node in cluster.api.core.list_node(label_selector="matrixpool.dev/supernode").items:
-        address = (node.metadata.annotations or {}).get("matrixpool.dev/ckpt-endpoint")
+    for address in framework.daemon_endpoints(cluster).values():
         if not address:
             continue
         try:

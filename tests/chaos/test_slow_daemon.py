@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from matrixpool.api import labels
 from tests.chaos.test_recovery import JOB, node_of, start_job, status, wait_training
 from tests.integration import framework, manifests
 
@@ -70,11 +69,6 @@ def pipe(source: socket.socket, target: socket.socket) -> None:
         return
 
 
-def endpoint_of(cluster: framework.TestCluster, node: str) -> str:
-    annotations = cluster.api.core.read_node(node).metadata.annotations or {}
-    return str(annotations[labels.CKPT_ENDPOINT])
-
-
 def test_a_daemon_answering_after_5_s_stalls_neither_scheduling_nor_the_recovery(
     cluster: framework.TestCluster,
     operator: framework.Operator,
@@ -86,11 +80,10 @@ def test_a_daemon_answering_after_5_s_stalls_neither_scheduling_nor_the_recovery
     start_job(cluster, namespace, tmp_path, replicas=4, supernode="sn-0")
     wait_training(cluster, namespace, past=4)
     slow_node = node_of(cluster, namespace)[0]
-    real = endpoint_of(cluster, slow_node)
+    real = framework.daemon_endpoints(cluster)[slow_node]
     proxy = SlowProxy(real)
-    patch = {"metadata": {"annotations": {labels.CKPT_ENDPOINT: proxy.address}}}
     try:
-        cluster.api.core.patch_node(slow_node, patch)
+        framework.set_daemon_endpoint(cluster, slow_node, proxy.address)
         started = time.monotonic()
         for index in range(3):  # other jobs, one after the other, on the other supernode
             name = f"other-{index}"
@@ -115,9 +108,7 @@ def test_a_daemon_answering_after_5_s_stalls_neither_scheduling_nor_the_recovery
         assert slow_node in entry["cause"], entry
     finally:
         proxy.close()
-        cluster.api.core.patch_node(
-            slow_node, {"metadata": {"annotations": {labels.CKPT_ENDPOINT: real}}}
-        )
+        framework.set_daemon_endpoint(cluster, slow_node, real)
 
 
 def bound(cluster: framework.TestCluster, namespace: str, name: str) -> int:

@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from matrixpool.api import labels
 from matrixpool.devcluster import binaries, cluster, topology
 from matrixpool.k8s import client as k8s_client
+from matrixpool.k8s import daemonleases
 from matrixpool_recovery import credentials
 
 REPO = binaries.repo_root()
@@ -217,3 +219,26 @@ def gang_pods(cluster: TestCluster, namespace: str | None = None) -> list[dict[s
     scope = ["-n", namespace] if namespace else ["-A"]
     out = cluster.kubectl("get", "pods", *scope, "-l", "matrixpool.dev/job", "-o", "json").stdout
     return list(json.loads(out)["items"])
+
+
+def daemon_endpoints(cluster: TestCluster) -> dict[str, str]:
+    """Node → its checkpoint daemon's host:port, as the daemons' Leases in the operator's
+    namespace announce it (matrixpool.k8s.daemonleases)."""
+    leases = cluster.api.coordination.list_namespaced_lease(
+        k8s_client.operator_namespace(), label_selector=f"{labels.CKPT_DAEMON}=true"
+    ).items
+    return {
+        lease.spec.holder_identity: (lease.metadata.annotations or {}).get(labels.CKPT_ENDPOINT, "")
+        for lease in leases
+        if lease.spec.holder_identity
+    }
+
+
+def set_daemon_endpoint(cluster: TestCluster, node: str, endpoint: str) -> None:
+    """Point ``node``'s daemon Lease at ``endpoint`` (renewals keep it: they move renewTime
+    only)."""
+    cluster.api.coordination.patch_namespaced_lease(
+        daemonleases.lease_name(node),
+        k8s_client.operator_namespace(),
+        {"metadata": {"annotations": {labels.CKPT_ENDPOINT: endpoint}}},
+    )

@@ -181,8 +181,10 @@ def check_operator_metrics(summary: dict[str, Any]) -> None:
 def check_daemon_metrics(kubeconfig: Path) -> None:
     pods = get(kubeconfig, "pods", "-n", NAMESPACE, "-l", "matrixpool.dev/kind=TrainingJob")
     node = next(p["spec"]["nodeName"] for p in pods["items"] if p["spec"].get("nodeName"))
-    annotations = get(kubeconfig, "node", node)["metadata"]["annotations"]
-    found = scrape(f"http://{annotations['matrixpool.dev/ckpt-endpoint']}/metrics")
+    lease = get(kubeconfig, "lease", "-n", "default", f"matrixpool-daemon-{node}")
+    found = scrape(
+        f"http://{lease['metadata']['annotations']['matrixpool.dev/ckpt-endpoint']}/metrics"
+    )
     saved = [
         value
         for (name, labels), value in found.items()

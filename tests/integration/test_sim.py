@@ -21,8 +21,6 @@ from matrixpool_recovery import credentials
 from tests.integration import framework, manifests
 from tests.integration.test_scheduling import wait_job
 
-ENDPOINT = "matrixpool.dev/ckpt-endpoint"
-
 
 @pytest.fixture
 def sim(cluster: framework.TestCluster, tmp_path: Path) -> Iterator[Path]:
@@ -57,13 +55,12 @@ def sim(cluster: framework.TestCluster, tmp_path: Path) -> Iterator[Path]:
 
 
 def endpoints(cluster: framework.TestCluster) -> dict[str, str]:
+    """sn-0's nodes → their daemon's endpoint, from the daemons' Leases ("" without one)."""
     nodes = json.loads(
         cluster.kubectl("get", "nodes", "-l", "matrixpool.dev/supernode=sn-0", "-o", "json").stdout
     )["items"]
-    return {
-        n["metadata"]["name"]: (n["metadata"].get("annotations") or {}).get(ENDPOINT, "")
-        for n in nodes
-    }
+    announced = framework.daemon_endpoints(cluster)
+    return {n["metadata"]["name"]: announced.get(n["metadata"]["name"], "") for n in nodes}
 
 
 def inventory(endpoint: str, token: str) -> list[dict[str, Any]] | None:
@@ -99,6 +96,25 @@ def test_sim_runs_a_daemon_per_node_and_trainers_that_checkpoint_and_die_with_th
         what="every sn-0 node publishes its daemon",
     )
     assert len(set(published.values())) == 48
+    lease_of = {
+        lease.spec.holder_identity: lease
+        for lease in cluster.api.coordination.list_namespaced_lease(
+            "default", label_selector="matrixpool.dev/ckpt-daemon=true"
+        ).items
+    }
+    first = lease_of["sn-0-node-00"]
+    assert first.metadata.name == "matrixpool-daemon-sn-0-node-00"
+    assert first.spec.lease_duration_seconds == 40
+    framework.eventually(  # renewed every quarter of its duration while the daemon answers
+        lambda: (
+            cluster.api.coordination.read_namespaced_lease(
+                first.metadata.name, "default"
+            ).spec.renew_time
+            > first.spec.renew_time
+        ),
+        timeout=20,
+        what="the daemon's Lease renewed",
+    )
     framework.eventually(
         lambda: all(healthy(e) for e in published.values()),
         timeout=30,

@@ -91,12 +91,15 @@ Rules = dict[tuple[str, str], set[str]]
 # plugin run with the user's own credentials).
 OPERATOR_CODE = ("k8s", "handlers", "runner.py")
 ANCHOR_CODE = "k8s/anchor.py"  # writes only the anchor ConfigMap, in the operator's namespace
+# Runs beside each checkpoint daemon (matrixpool announce) under the daemon's ServiceAccount.
+DAEMON_CODE = "k8s/daemonleases.py"
 API_CALL = re.compile(r"\.(?:core|custom|coordination|extensions)\.(\w+)\(")
 METHOD = re.compile(r"^(create|patch|delete|replace|read|list)_(namespaced_|cluster_)?(\w+)$")
 VERB = {"create": "create", "patch": "patch", "delete": "delete", "replace": "update"}
 VERB |= {"read": "get", "list": "list"}
 CORE = {"pod": "pods", "pod_binding": "pods/binding", "config_map": "configmaps", "node": "nodes"}
 CORE |= {"secret": "secrets"}
+GROUPED = {"lease": ("coordination.k8s.io", "leases")}
 
 
 def _add(rules: Rules, group: str, resource: str, *verbs: str) -> None:
@@ -116,6 +119,8 @@ def _api_calls(path: Path, rules: Rules) -> None:
             for kind in crdgen.RESOURCES:
                 if kind.namespaced == (scope == "namespaced_"):
                     _add(rules, "matrixpool.dev", kind.plural + suffix, verb)
+        elif thing in GROUPED:
+            _add(rules, *GROUPED[thing], verb)
         else:
             assert thing in CORE, f"{path}: no RBAC mapping for API method {method}"
             _add(rules, "", CORE[thing], verb)
@@ -158,7 +163,8 @@ def rules_the_code_uses() -> tuple[Rules, Rules]:
     code = ROOT / "operator" / "matrixpool"
     for part in OPERATOR_CODE:
         for path in sorted((code / part).glob("*.py")) if (code / part).is_dir() else [code / part]:
-            _api_calls(path, anchor if path == code / ANCHOR_CODE else cluster)
+            if path != code / DAEMON_CODE:
+                _api_calls(path, anchor if path == code / ANCHOR_CODE else cluster)
     _kopf_needs(cluster, anchor)
     # blockOwnerDeletion on the owner references of pods and ConfigMaps (pods.owner_reference)
     for plural in ("trainingjobs", "inferenceservices"):
@@ -167,7 +173,15 @@ def rules_the_code_uses() -> tuple[Rules, Rules]:
     return cluster, {k: v for k, v in anchor.items() if v}
 
 
+def rules_the_announcer_uses() -> Rules:
+    """What ``matrixpool announce`` (the daemon's Lease) does, in the release namespace."""
+    rules: Rules = {}
+    _api_calls(ROOT / "operator" / "matrixpool" / DAEMON_CODE, rules)
+    return rules
+
+
 EXPECTED_RULES, EXPECTED_NAMESPACE_RULES = rules_the_code_uses()
+ANNOUNCER_RULES = rules_the_announcer_uses()
 PEERING_RULES = {
     ("kopf.dev", "clusterkopfpeerings"): READ | {"patch"},
     ("kopf.dev", "kopfpeerings"): READ | {"patch"},

@@ -29,9 +29,9 @@ def pod(manifests: list[Manifest]) -> Manifest:
     return spec
 
 
-def container(manifests: list[Manifest]) -> Manifest:
-    [daemon] = pod(manifests)["containers"]
-    return daemon
+def container(manifests: list[Manifest], name: str = "daemon") -> Manifest:
+    [found] = [c for c in pod(manifests)["containers"] if c["name"] == name]
+    return found
 
 
 def args(manifests: list[Manifest]) -> dict[str, str]:
@@ -296,3 +296,54 @@ def test_the_network_policy_can_be_turned_off_and_needs_the_daemons(helm: chart.
     off = helm.render(ENABLED, "checkpointDaemon.networkPolicy.enabled=false")
     assert "NetworkPolicy" not in chart.kinds(off)
     assert "NetworkPolicy" not in chart.kinds(helm.render())
+
+
+def test_beside_each_daemon_an_announcer_keeps_its_lease_with_a_token_of_its_own(
+    helm: chart.Helm,
+) -> None:
+    manifests = helm.render(ENABLED, "checkpointDaemon.leaseSeconds=20")
+    announce = container(manifests, "announce")
+    assert announce["command"] == ["matrixpool"]
+    assert announce["args"] == [
+        "announce",
+        "--node=$(NODE_NAME)",
+        "--endpoint=$(NODE_IP):7040",
+        f"--namespace={chart.NAMESPACE}",
+        "--lease-seconds=20",
+    ]
+    spec = pod(manifests)
+    assert spec["automountServiceAccountToken"] is False
+    mounts = {c["name"]: {m["name"] for m in c.get("volumeMounts", [])} for c in spec["containers"]}
+    assert "announce-token" in mounts["announce"]
+    assert "announce-token" not in mounts["daemon"], "the daemon gets no API token"
+    sources = volumes(manifests)["announce-token"]["projected"]["sources"]
+    assert sources[0]["serviceAccountToken"]["path"] == "token"
+
+    [account] = [
+        m
+        for m in manifests
+        if m["kind"] == "ServiceAccount" and m["metadata"]["name"] == spec["serviceAccountName"]
+    ]
+    [role] = [
+        m
+        for m in manifests
+        if m["kind"] == "Role" and m["metadata"]["name"] == account["metadata"]["name"]
+    ]
+    assert role["metadata"]["namespace"] == chart.NAMESPACE
+    assert (
+        chart.rules_by_resource(role)
+        == chart.ANNOUNCER_RULES
+        == {("coordination.k8s.io", "leases"): {"create", "patch"}}
+    )
+    [binding] = [
+        m
+        for m in manifests
+        if m["kind"] == "RoleBinding" and m["roleRef"]["name"] == role["metadata"]["name"]
+    ]
+    assert binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": account["metadata"]["name"],
+            "namespace": chart.NAMESPACE,
+        }
+    ]

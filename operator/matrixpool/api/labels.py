@@ -17,7 +17,10 @@ RACK = _P + "rack"  # node label: the rack of a node (the usual first topology k
 
 # --- node annotations --------------------------------------------------------------------
 UNHEALTHY_CARDS = _P + "unhealthy-cards"  # node annotation: "3,5", cards not to be used
-CKPT_ENDPOINT = _P + "ckpt-endpoint"  # node annotation: "host:port" of the checkpoint daemon
+
+# --- checkpoint daemon Leases (matrixpool.k8s.daemonleases) ----------------------------------
+CKPT_ENDPOINT = _P + "ckpt-endpoint"  # Lease annotation: "host:port" of the node's daemon
+CKPT_DAEMON = _P + "ckpt-daemon"  # Lease label: "true" on every checkpoint daemon's Lease
 
 # --- pod labels ----------------------------------------------------------------------------
 JOB = _P + "job"  # pod label: name of the TrainingJob or InferenceService owning the pod

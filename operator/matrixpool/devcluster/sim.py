@@ -1,8 +1,9 @@
 """``matrixpool sim``: the stand-in for kubelets and trainers on the local cluster.
 
 For every simulated node (of the chosen supernodes) it runs one real checkpoint daemon
-(``matrixpool-ckpt-daemon``) on a loopback address of its own and publishes it on the Node as
-``matrixpool.dev/ckpt-endpoint``; tier-1 peers are assigned in another rack
+(``matrixpool-ckpt-daemon``) on a loopback address of its own and announces it with a Lease in
+the operator's namespace, as the chart's ``matrixpool announce`` does
+(:mod:`matrixpool.k8s.daemonleases`); tier-1 peers are assigned in another rack
 (:func:`matrixpool_recovery.peers.assign_peers`). For every Running pod of a TrainingJob it runs a
 trainer process (:mod:`matrixpool.devcluster.trainer`) with the real Checkpointer. A node that
 goes NotReady or is deleted loses its daemon and trainers at once (SIGKILL: its memory is gone);
@@ -27,6 +28,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -37,12 +39,13 @@ from matrixpool import checkpoints
 from matrixpool.api import labels
 from matrixpool.devcluster import cluster, faults
 from matrixpool.k8s import client as k8s_client
+from matrixpool.k8s import daemonleases
 from matrixpool_recovery import credentials, policy
 from matrixpool_recovery import peers as peer_policy
 
 PERIOD = 0.25  # seconds between reconciliations
+LEASE_SECONDS = 40  # the daemons' Leases, as the chart's default (renewed every 10 s)
 PORT = 7040  # every daemon listens on this port of its own loopback address (--port)
-ENDPOINT_ANNOTATION = labels.CKPT_ENDPOINT
 
 
 @dataclass
@@ -81,7 +84,8 @@ class Sim:
     trainers: dict[str, Process] = field(default_factory=dict)  # pod uid → its trainer
     addresses: dict[str, str] = field(default_factory=dict)  # node → loopback address
     peers: dict[str, tuple[str, ...]] = field(default_factory=dict)  # node → peer nodes
-    published: set[str] = field(default_factory=set)  # nodes whose endpoint is on the Node
+    namespace: str = "default"  # the operator's: where the daemons' Leases go
+    announced: dict[str, float] = field(default_factory=dict)  # node → last Lease renewal
     annotations: dict[str, str] = field(default_factory=dict)  # pod uid -> file content written
 
     def __post_init__(self) -> None:
@@ -178,31 +182,32 @@ class Sim:
         ]
         self.daemons[node] = _spawn(args, log)
         self.daemons[node].ready_file = ready
-        self.published.discard(node)
+        self.announced.pop(node, None)  # a new daemon writes its endpoint afresh
 
     def publish(self, nodes: dict[str, Any]) -> None:
-        """Put each serving daemon's endpoint on its Node (once it answers, not before), and
-        take off endpoints no daemon of this sim serves (left by an earlier sim)."""
-        for node, body in nodes.items():
+        """Announce each serving daemon with its Lease in the operator's namespace, renewed
+        every quarter of :data:`LEASE_SECONDS` — what ``matrixpool announce`` does beside a
+        real daemon (:mod:`matrixpool.k8s.daemonleases`); a daemon that died is no longer
+        renewed."""
+        now = time.monotonic()
+        for node in sorted(nodes):
             daemon = self.daemons.get(node)
-            current = (body.metadata.annotations or {}).get(ENDPOINT_ANNOTATION)
-            if daemon is not None and daemon.ready():
-                if node not in self.published and current != self.endpoint(node):
-                    value: str | None = self.endpoint(node)
-                else:
-                    self.published.add(node)
-                    continue
-            elif current and current != self.endpoint(node):
-                value = None  # stale: nobody answers there
-            else:
+            if daemon is None or not daemon.ready():
                 continue
-            self.api.core.patch_node(
-                node, {"metadata": {"annotations": {ENDPOINT_ANNOTATION: value}}}
+            last = self.announced.get(node)
+            if last is not None and now - last < LEASE_SECONDS / 4:
+                continue
+            daemonleases.announce(
+                self.api,
+                self.namespace,
+                node,
+                self.endpoint(node),
+                duration=LEASE_SECONDS,
+                first=last is None,
             )
-            if value:
-                self.published.add(node)
+            self.announced[node] = now
         serving = self.folder / "serving"
-        if not serving.exists() and nodes and all(n in self.published for n in nodes):
+        if not serving.exists() and nodes and all(n in self.announced for n in nodes):
             serving.write_text(f"{len(nodes)} daemons\n")  # for scripts that wait for the sim
 
     def lose_node(self, node: str) -> None:
@@ -214,8 +219,10 @@ class Sim:
         self.lose_daemon(node)
 
     def lose_daemon(self, node: str) -> None:
-        """The daemon dies (its memory with it); the node's trainers run on, unable to save."""
+        """The daemon dies (its memory with it); the node's trainers run on, unable to save.
+        Its Lease is no longer renewed."""
         self.daemons.pop(node).kill()
+        self.announced.pop(node, None)
         shutil.rmtree(self.folder / "memory" / node, ignore_errors=True)
         self.peers.pop(node, None)
 

@@ -84,7 +84,7 @@ def _deleted(type: str, **_: Any) -> bool:
 async def deleted_job(
     type: str,
     body: kopf.Body,
-    node_facts: kopf.Index[str, inventory.NodeInfo],
+    daemon_leases: kopf.Index[str, tuple[str, float, float]],
     **_: Any,
 ) -> None:
     """The watch saw a TrainingJob go (no finalizer holds it: deleting a job never waits)."""
@@ -94,7 +94,7 @@ async def deleted_job(
     uid, name, namespace = meta.get("uid", ""), meta.get("name"), meta.get("namespace")
     if not uid:
         return
-    endpoints = sorted({n.endpoint for store in node_facts.values() for n in store if n.endpoint})
+    endpoints = sorted({endpoint for store in daemon_leases.values() for endpoint, _, _ in store})
     done = await checkpoints.delete(uid, endpoints)
     metrics.CHECKPOINTS_DELETED.labels("deleted").inc(len(done))
     persistent = ((body.get("spec") or {}).get("checkpoint") or {}).get("persistent") or {}

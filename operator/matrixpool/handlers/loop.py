@@ -12,6 +12,7 @@ replicas that lose a peering election, so exactly one loop schedules at a time.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from matrixpool.handlers import (
     world,
 )
 from matrixpool.k8s import anchor, executor
+from matrixpool.k8s import client as k8s_client
 from matrixpool.k8s.convert import PodFacts
 from matrixpool.placement import inventory
 
@@ -44,7 +46,7 @@ log = structlog.get_logger(__name__)
 
 def namespace() -> str:
     """The operator's namespace: MATRIXPOOL_NAMESPACE (the chart sets it), else default."""
-    return os.environ.get("MATRIXPOOL_NAMESPACE") or "default"
+    return k8s_client.operator_namespace()
 
 
 @kopf.on.startup()
@@ -82,6 +84,7 @@ async def main_loop(
     training_jobs: kopf.Index[str, workloads.Workload],
     inference_services: kopf.Index[str, workloads.Workload],
     node_leases: kopf.Index[str, tuple[float, float]],
+    daemon_leases: kopf.Index[str, tuple[str, float, float]],
     **_: Any,
 ) -> None:
     log.info("main loop started", namespace=namespace())
@@ -90,13 +93,16 @@ async def main_loop(
 
     def read() -> world.World:
         index = lagged.read({key: list(store) for key, store in gang_pods.items()})
+        now = clock.SYSTEM.monotonic()
+        announced = _first(daemon_leases)
+        silent = state.daemons.observe({n: (r, d) for n, (_, r, d) in announced.items()}, now)
         return world.World(
             supernodes=_first(supernode_models),
-            nodes=_all(node_facts),
+            nodes=with_endpoints(_all(node_facts), announced),
             foreign=supernode.Facts.sum_held(pod_cards),
             pods=state.assumed.view(index),
             workloads=[*_all(training_jobs), *_all(inference_services)],
-            unreachable=state.recoveries.unreachable(clock.SYSTEM.monotonic()),
+            unreachable=state.recoveries.unreachable(now) | silent,
             stale=state.leases.observe(_first(node_leases), clock.SYSTEM.monotonic()),
             decisions=state.decisions,
             shares=state.shares,
@@ -136,7 +142,8 @@ class Controllers:
     cycle: scheduler.Memory = field(default_factory=scheduler.Memory)
     recoveries: recovery.State = field(default_factory=recovery.State)
     sharing: timeshare.Memory = field(default_factory=timeshare.Memory)
-    leases: recovery.LeaseClock = field(default_factory=recovery.LeaseClock)
+    leases: recovery.LeaseClock = field(default_factory=recovery.LeaseClock)  # kubelets'
+    daemons: recovery.LeaseClock = field(default_factory=recovery.LeaseClock)  # ckpt daemons'
     sweeper: cleanup.Sweeper = field(default_factory=cleanup.Sweeper)
     reported: dict[str, dict[str, Any]] = field(default_factory=dict)  # SuperNode → status
     identities: dict[str, str] = field(default_factory=dict)  # workload key → its UID
@@ -173,6 +180,17 @@ class Lagged:
         while len(self.history) > 1 and self.history[1][0] <= now - self.lag:
             self.history.popleft()
         return self.history[0][1]
+
+
+def with_endpoints(
+    nodes: list[inventory.NodeInfo], announced: dict[str, tuple[str, float, float]]
+) -> list[inventory.NodeInfo]:
+    """The Nodes with their checkpoint daemon's endpoint, as its Lease announces it (none
+    without a Lease)."""
+    return [
+        dataclasses.replace(n, endpoint=announced[n.name][0]) if n.name in announced else n
+        for n in nodes
+    ]
 
 
 def _all(index: kopf.Index[str, Any]) -> list[Any]:

@@ -19,8 +19,10 @@ import structlog
 
 from matrixpool import api, clock, metrics
 from matrixpool.api import common, inferenceservice, supernode, trainingjob
+from matrixpool.api import labels as names
 from matrixpool.handlers import world as read_model
-from matrixpool.k8s import convert, executor
+from matrixpool.k8s import client as k8s_client
+from matrixpool.k8s import convert, daemonleases, executor
 from matrixpool.placement import inventory
 from matrixpool.timeshare import windows
 
@@ -39,6 +41,25 @@ def node_facts(
     **_: Any,
 ) -> dict[str, inventory.NodeInfo]:
     return {name: convert.node_info(name, labels, annotations, spec, status)}
+
+
+@kopf.index(
+    "coordination.k8s.io",
+    "v1",
+    "leases",
+    labels={names.CKPT_DAEMON: "true"},
+    when=lambda namespace, **_: namespace == k8s_client.operator_namespace(),
+)
+def daemon_leases(
+    annotations: Mapping[str, str], spec: Mapping[str, Any], **_: Any
+) -> dict[str, tuple[str, float, float]] | None:
+    """Node → (endpoint, renewTime as epoch seconds, leaseDurationSeconds) of its checkpoint
+    daemon, as the daemon's Lease announces it (:mod:`matrixpool.k8s.daemonleases`)."""
+    parsed = daemonleases.parse(annotations, spec)
+    if parsed is None:
+        return None
+    node, endpoint, renewed, duration = parsed
+    return {node: (endpoint, renewed, duration)}
 
 
 @kopf.index("", "v1", "pods")

@@ -8,12 +8,14 @@ settings — pool size, timeouts, QPS — live in one place.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import kubernetes
 
+NAMESPACE_VARIABLE = "MATRIXPOOL_NAMESPACE"  # the operator's namespace (the chart sets it)
 # Enough connections for the concurrent bindings and status patches of a large supernode.
 POOL_SIZE = 64
 
@@ -60,3 +62,9 @@ def default_api() -> Api:
 def is_status(error: BaseException, *codes: int) -> bool:
     """Whether ``error`` is an API error with one of the HTTP ``codes``."""
     return isinstance(error, kubernetes.client.ApiException) and error.status in codes
+
+
+def operator_namespace() -> str:
+    """The operator's namespace: $MATRIXPOOL_NAMESPACE, else default. The anchor of its main
+    loop and the checkpoint daemons' Leases live there."""
+    return os.environ.get(NAMESPACE_VARIABLE) or "default"

@@ -35,7 +35,6 @@ def node_info(
         ready=ready and not spec.get("unschedulable", False),
         cards=extended_resources(status.get("allocatable") or {}),
         unhealthy=unhealthy,
-        endpoint=annotations.get(names.CKPT_ENDPOINT, ""),
         down=not ready,
     )
 

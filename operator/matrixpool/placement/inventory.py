@@ -81,7 +81,7 @@ class NodeInfo:
     ready: bool  # Ready condition True (and not cordoned)
     cards: Mapping[str, int]  # allocatable extended resources, e.g. {"huawei.com/Ascend910": 8}
     unhealthy: frozenset[int] = frozenset()  # card indices from matrixpool.dev/unhealthy-cards
-    endpoint: str = ""  # the checkpoint daemon, annotation matrixpool.dev/ckpt-endpoint
+    endpoint: str = ""  # the checkpoint daemon's host:port, from its Lease (k8s.daemonleases)
     down: bool = False  # Ready False or Unknown (a cordoned node is not ready, but not down)
 
 

@@ -1,0 +1,152 @@
+"""Checkpoint daemons announce themselves with a ``coordination.k8s.io`` Lease per node, the
+way kubelets announce their nodes in ``kube-node-lease``.
+
+Each node's daemon has a Lease ``matrixpool-daemon-<node>`` in the operator's namespace, labelled
+``matrixpool.dev/ckpt-daemon: "true"``, with the node in ``spec.holderIdentity``, its endpoint
+(``host:port``) in the annotation ``matrixpool.dev/ckpt-endpoint``, and ``spec.renewTime``
+renewed every quarter of ``spec.leaseDurationSeconds`` while the daemon answers its health
+check. In the chart the announcer runs beside the daemon (``matrixpool announce``, a container
+of the checkpoint DaemonSet with a token for exactly this: get, create and patch Leases in that
+namespace); ``matrixpool sim`` announces its daemons with the same :func:`announce`.
+
+The operator indexes these Leases (:func:`parse`): they are where it learns each node's daemon
+endpoint, and a Lease not renewed for three quarters of its duration (measured on the
+operator's own clock, ``handlers.recovery.LeaseClock``) counts as a silent daemon. Nobody else
+writes them: a renewal only moves ``renewTime``; the endpoint is written when the Lease is
+created and on an announcer's first renewal (a restarted daemon may serve elsewhere). A Lease
+whose node is gone is ignored (no owner reference: that would need read access to Nodes).
+
+Errors: the API's (``kubernetes.client.ApiException``), except a create that lost a race,
+which becomes a renewal.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import time
+import urllib.request
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from matrixpool.api import labels
+from matrixpool.k8s import client as k8s_client
+
+PREFIX = "matrixpool-daemon-"
+LABEL = labels.CKPT_DAEMON  # "true" on every daemon Lease
+DURATION_SECONDS = 40  # as a kubelet's node Lease; renewed every quarter of it
+MAX_NAME = 253
+
+
+def lease_name(node: str) -> str:
+    """The Lease of ``node``'s daemon (a DNS subdomain; long node names are shortened with a
+    hash so that two nodes never share one)."""
+    name = PREFIX + node
+    if len(name) <= MAX_NAME:
+        return name
+    digest = hashlib.sha256(node.encode()).hexdigest()[:10]
+    return f"{name[: MAX_NAME - 11]}-{digest}"
+
+
+def _micro(now: datetime.datetime) -> str:
+    return now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def body(node: str, endpoint: str, duration: int, now: datetime.datetime) -> dict[str, Any]:
+    """The whole Lease of ``node``'s daemon serving at ``endpoint``."""
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": lease_name(node),
+            "labels": {LABEL: "true"},
+            "annotations": {labels.CKPT_ENDPOINT: endpoint},
+        },
+        "spec": {
+            "holderIdentity": node,
+            "leaseDurationSeconds": duration,
+            "acquireTime": _micro(now),
+            "renewTime": _micro(now),
+        },
+    }
+
+
+def announce(
+    api: k8s_client.Api,
+    namespace: str,
+    node: str,
+    endpoint: str,
+    *,
+    duration: int = DURATION_SECONDS,
+    now: datetime.datetime | None = None,
+    first: bool = False,
+) -> None:
+    """Create or renew the Lease of ``node``'s daemon. ``first``: this announcer's first
+    renewal, which also writes the endpoint (later ones leave it as it is)."""
+    now = now or datetime.datetime.now(datetime.UTC)
+    name = lease_name(node)
+    patch: dict[str, Any] = {"spec": {"renewTime": _micro(now), "holderIdentity": node}}
+    if first:
+        patch["metadata"] = {"annotations": {labels.CKPT_ENDPOINT: endpoint}}
+        patch["spec"]["leaseDurationSeconds"] = duration
+    try:
+        api.coordination.patch_namespaced_lease(name, namespace, patch)
+        return
+    except Exception as error:
+        if not k8s_client.is_status(error, 404):
+            raise
+    try:
+        api.coordination.create_namespaced_lease(namespace, body(node, endpoint, duration, now))
+    except Exception as error:
+        if not k8s_client.is_status(error, 409):
+            raise
+        api.coordination.patch_namespaced_lease(name, namespace, patch)
+
+
+def parse(
+    annotations: Mapping[str, str], spec: Mapping[str, Any]
+) -> tuple[str, str, float, float] | None:
+    """(node, endpoint, renewTime as epoch seconds, duration) of a daemon Lease, or None when
+    it names no node, no endpoint or no renewal."""
+    node = str(spec.get("holderIdentity") or "")
+    endpoint = str(annotations.get(labels.CKPT_ENDPOINT) or "")
+    renewed = spec.get("renewTime")
+    if not (node and endpoint and renewed):
+        return None
+    when = datetime.datetime.fromisoformat(str(renewed).replace("Z", "+00:00")).timestamp()
+    return node, endpoint, when, float(spec.get("leaseDurationSeconds") or DURATION_SECONDS)
+
+
+def healthy(endpoint: str, timeout: float = 2.0) -> bool:
+    """Whether the daemon at ``endpoint`` answers ``/v1/healthz``."""
+    try:
+        with urllib.request.urlopen(f"http://{endpoint}/v1/healthz", timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def run(
+    api: k8s_client.Api,
+    namespace: str,
+    node: str,
+    endpoint: str,
+    *,
+    duration: int = DURATION_SECONDS,
+    stopped: Callable[[], bool] = lambda: False,
+    log: Callable[[str], None] = print,
+) -> None:
+    """Renew the Lease every quarter of ``duration`` while the daemon answers (``matrixpool
+    announce``). A daemon that stops answering lets its Lease go stale; an API error is
+    logged and retried at the next renewal."""
+    first = True
+    while not stopped():
+        if healthy(endpoint):
+            try:
+                announce(api, namespace, node, endpoint, duration=duration, first=first)
+                first = False
+            except Exception as error:  # the API restarting: the next renewal tries again
+                log(f"announce: could not renew {lease_name(node)}: {error}")
+        else:
+            log(f"announce: the daemon at {endpoint} does not answer; not renewing")
+        time.sleep(duration / 4)

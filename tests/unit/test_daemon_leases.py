@@ -1,0 +1,108 @@
+"""The checkpoint daemons' Leases (matrixpool.k8s.daemonleases): their shape, how the operator
+reads them, and how an announcer creates and renews one (against a fake coordination API that
+answers as the API server does: 404 for a missing Lease, 409 for one created meanwhile)."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import kubernetes
+import pytest
+
+from matrixpool.api import labels
+from matrixpool.k8s import client as k8s_client
+from matrixpool.k8s import daemonleases
+
+NOW = datetime.datetime(2026, 11, 30, 12, 0, 0, 250000, tzinfo=datetime.UTC)
+
+
+def test_a_lease_names_its_node_and_endpoint_and_is_labelled() -> None:
+    lease = daemonleases.body("sn-0-node-07", "10.0.0.7:7040", 40, NOW)
+    assert lease["metadata"]["name"] == "matrixpool-daemon-sn-0-node-07"
+    assert lease["metadata"]["labels"] == {labels.CKPT_DAEMON: "true"}
+    assert lease["metadata"]["annotations"] == {labels.CKPT_ENDPOINT: "10.0.0.7:7040"}
+    assert lease["spec"]["holderIdentity"] == "sn-0-node-07"
+    assert lease["spec"]["renewTime"] == "2026-11-30T12:00:00.250000Z"
+    assert daemonleases.parse(lease["metadata"]["annotations"], lease["spec"]) == (
+        "sn-0-node-07",
+        "10.0.0.7:7040",
+        NOW.timestamp(),
+        40.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("annotations", "spec"),
+    [
+        pytest.param(
+            {}, {"holderIdentity": "n", "renewTime": "2026-11-30T12:00:00Z"}, id="no endpoint"
+        ),
+        pytest.param(
+            {labels.CKPT_ENDPOINT: "a:1"}, {"renewTime": "2026-11-30T12:00:00Z"}, id="no node"
+        ),
+        pytest.param({labels.CKPT_ENDPOINT: "a:1"}, {"holderIdentity": "n"}, id="never renewed"),
+    ],
+)
+def test_a_lease_missing_a_part_announces_nothing(
+    annotations: dict[str, str], spec: dict[str, Any]
+) -> None:
+    assert daemonleases.parse(annotations, spec) is None
+
+
+def test_long_node_names_get_distinct_valid_lease_names() -> None:
+    a, b = "x" * 250 + "a", "x" * 250 + "b"
+    names = {daemonleases.lease_name(a), daemonleases.lease_name(b)}
+    assert len(names) == 2
+    assert all(len(n) <= 253 for n in names)
+
+
+class Coordination:
+    """Leases by name, answering as the API server does."""
+
+    def __init__(self) -> None:
+        self.leases: dict[str, dict[str, Any]] = {}
+        self.calls: list[str] = []
+        self.race = False  # a create answered 409: another announcer made it first
+
+    def patch_namespaced_lease(self, name: str, namespace: str, patch: dict[str, Any]) -> None:
+        self.calls.append("patch")
+        if name not in self.leases:
+            raise kubernetes.client.ApiException(status=404)
+        lease = self.leases[name]
+        lease["spec"].update(patch.get("spec", {}))
+        lease["metadata"]["annotations"].update(
+            (patch.get("metadata") or {}).get("annotations") or {}
+        )
+
+    def create_namespaced_lease(self, namespace: str, body: dict[str, Any]) -> None:
+        self.calls.append("create")
+        if self.race:
+            self.leases[body["metadata"]["name"]] = daemonleases.body("n1", "old:1", 40, NOW)
+            raise kubernetes.client.ApiException(status=409)
+        self.leases[body["metadata"]["name"]] = body
+
+
+def api(coordination: Coordination) -> k8s_client.Api:
+    return k8s_client.Api(None, None, None, None, coordination)
+
+
+def test_an_announcer_creates_the_lease_then_renews_only_its_time() -> None:
+    fake = Coordination()
+    daemonleases.announce(api(fake), "ops", "n1", "10.0.0.1:7040", now=NOW, first=True)
+    assert fake.calls == ["patch", "create"]
+    later = NOW + datetime.timedelta(seconds=10)
+    fake.leases["matrixpool-daemon-n1"]["metadata"]["annotations"][labels.CKPT_ENDPOINT] = "p:9"
+    daemonleases.announce(api(fake), "ops", "n1", "10.0.0.1:7040", now=later)
+    lease = fake.leases["matrixpool-daemon-n1"]
+    assert lease["spec"]["renewTime"] == "2026-11-30T12:00:10.250000Z"
+    assert lease["metadata"]["annotations"][labels.CKPT_ENDPOINT] == "p:9", "left as it was"
+
+
+def test_a_restarted_announcer_writes_its_endpoint_again_and_a_lost_race_renews() -> None:
+    fake = Coordination()
+    fake.race = True
+    daemonleases.announce(api(fake), "ops", "n1", "10.0.0.1:7040", now=NOW, first=True)
+    assert fake.calls == ["patch", "create", "patch"]
+    lease = fake.leases["matrixpool-daemon-n1"]
+    assert lease["metadata"]["annotations"][labels.CKPT_ENDPOINT] == "10.0.0.1:7040"
