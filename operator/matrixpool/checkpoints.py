@@ -181,6 +181,19 @@ async def pin(job: str, endpoints: Iterable[str], step: int | None) -> list[str]
     return [address for address, answer in answers if answer is not None]
 
 
+async def set_peers(endpoint: str, peers: list[str]) -> bool:
+    """Tell the daemon at ``endpoint`` which daemons hold its tier-1 copies, in order of
+    preference; whether it took the list."""
+    bearer = token()
+    if bearer is None:
+        return False
+    body = {"peers": peers}
+    answer = await asyncio.to_thread(
+        _ask, endpoint, bearer, "POST", "/v1/peers", body, PROBE_TIMEOUT
+    )
+    return answer is not None
+
+
 async def delete(job: str, endpoints: Iterable[str]) -> list[str]:
     """Ask each daemon to drop every checkpoint of ``job`` (tiers 1 and 2); the endpoints
     that did (a daemon that holds nothing of it answers too)."""

@@ -107,3 +107,7 @@ CHECKPOINTS_DELETED = Counter(
     "orphan (no TrainingJob has that UID) found by the periodic sweep.",
     ["why"],
 )
+PEER_ASSIGNMENTS = Counter(
+    "matrixpool_peer_assignments_total",
+    "Checkpoint daemons told their tier-1 peers (a changed list, or a daemon that started again).",
+)

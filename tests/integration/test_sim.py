@@ -54,6 +54,23 @@ def sim(cluster: framework.TestCluster, tmp_path: Path) -> Iterator[Path]:
         print((tmp_path / "sim.log").read_text(errors="replace")[-5000:])
 
 
+@pytest.fixture
+def operator(
+    cluster: framework.TestCluster, sim: Path, tmp_path: Path
+) -> Iterator[framework.Operator]:
+    """The operator told the sim's cluster secret: it asks the daemons and tells them their
+    tier-1 peers."""
+    secret = sim / "secret"
+    framework.eventually(secret.exists, timeout=60, what="the sim's cluster secret")
+    env = {"MATRIXPOOL_CKPT_SECRET_FILE": str(secret)}
+    process = framework.Operator(cluster, tmp_path / "operator.log", env=env).start()
+    try:
+        yield process
+    finally:
+        process.kill()
+        print(process.log()[-20000:])
+
+
 def endpoints(cluster: framework.TestCluster) -> dict[str, str]:
     """sn-0's nodes → their daemon's endpoint, from the daemons' Leases ("" without one)."""
     nodes = json.loads(
@@ -61,6 +78,18 @@ def endpoints(cluster: framework.TestCluster) -> dict[str, str]:
     )["items"]
     announced = framework.daemon_endpoints(cluster)
     return {n["metadata"]["name"]: announced.get(n["metadata"]["name"], "") for n in nodes}
+
+
+def info(endpoint: str, token: str) -> dict[str, Any] | None:
+    """The daemon's GET /v1/info (node, peers, usage), or None when it does not answer."""
+    request = urllib.request.Request(
+        f"http://{endpoint}/v1/info", headers={"Authorization": f"Bearer {token}"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=2) as response:
+            return dict(json.loads(response.read()))
+    except (urllib.error.URLError, OSError):
+        return None
 
 
 def inventory(endpoint: str, token: str) -> list[dict[str, Any]] | None:
@@ -121,6 +150,26 @@ def test_sim_runs_a_daemon_per_node_and_trainers_that_checkpoint_and_die_with_th
         what="every published daemon answers",
     )
 
+    # The operator tells every daemon its tier-1 peer, in another rack.
+    token = _token(sim)
+    racks = {
+        n["metadata"]["name"]: n["metadata"]["labels"]["matrixpool.dev/rack"]
+        for n in json.loads(
+            cluster.kubectl(
+                "get", "nodes", "-l", "matrixpool.dev/supernode=sn-0", "-o", "json"
+            ).stdout
+        )["items"]
+    }
+    node_at = {endpoint: node for node, endpoint in published.items()}
+    for node in ("sn-0-node-00", "sn-0-node-17"):
+        told = framework.eventually(
+            lambda node=node: (info(published[node], token) or {}).get("peers"),
+            timeout=30,
+            what=f"{node}'s daemon told its peers",
+        )
+        assert len(told) == 1, told
+        assert racks[node_at[told[0]]] != racks[node], (node, told)
+
     job = manifests.training_job("sim").replicas(4).cards(8).on("sn-0")
     job.body["spec"]["checkpoint"] = {"memory": {"everySteps": 1, "peerReplicas": 1}}
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=job.yaml())
@@ -129,7 +178,6 @@ def test_sim_runs_a_daemon_per_node_and_trainers_that_checkpoint_and_die_with_th
     node_of = {
         int(p["metadata"]["labels"]["matrixpool.dev/rank"]): p["spec"]["nodeName"] for p in pods
     }
-    token = _token(sim)
     uid = cluster.kubectl(
         "get", "trainingjob", "sim", "-n", namespace, "-o", "jsonpath={.metadata.uid}"
     ).stdout.strip()

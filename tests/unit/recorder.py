@@ -33,6 +33,7 @@ class Recorder:
     healthy: dict[str, bool] = field(default_factory=dict)
     asked: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)  # inventory calls
     pins: list[tuple[str, tuple[str, ...], int | None]] = field(default_factory=list)
+    peers: dict[str, list[str]] = field(default_factory=dict)  # daemon endpoint → told peers
 
     async def create_pods(self, manifests: Sequence[Mapping[str, Any]]) -> None:
         self.created += [dict(m) for m in manifests]
@@ -102,6 +103,12 @@ class Recorder:
         listed = tuple(endpoints)
         self.pins.append((job, listed, step))
         return list(listed)
+
+    async def set_peers(self, endpoint: str, peers: list[str]) -> bool:
+        if not self.healthy.get(endpoint, True):
+            return False
+        self.peers[endpoint] = list(peers)
+        return True
 
     # ---- what a test asks of the record ------------------------------------------------------
 

@@ -24,11 +24,10 @@ def test_a_lease_names_its_node_and_endpoint_and_is_labelled() -> None:
     assert lease["metadata"]["annotations"] == {labels.CKPT_ENDPOINT: "10.0.0.7:7040"}
     assert lease["spec"]["holderIdentity"] == "sn-0-node-07"
     assert lease["spec"]["renewTime"] == "2026-11-30T12:00:00.250000Z"
-    assert daemonleases.parse(lease["metadata"]["annotations"], lease["spec"]) == (
-        "sn-0-node-07",
-        "10.0.0.7:7040",
-        NOW.timestamp(),
-        40.0,
+    assert daemonleases.parse(
+        lease["metadata"]["annotations"], lease["spec"]
+    ) == daemonleases.Announced(
+        "sn-0-node-07", "10.0.0.7:7040", NOW.timestamp(), 40.0, NOW.timestamp()
     )
 
 
@@ -106,3 +105,17 @@ def test_a_restarted_announcer_writes_its_endpoint_again_and_a_lost_race_renews(
     assert fake.calls == ["patch", "create", "patch"]
     lease = fake.leases["matrixpool-daemon-n1"]
     assert lease["metadata"]["annotations"][labels.CKPT_ENDPOINT] == "10.0.0.1:7040"
+
+
+def test_a_daemon_that_starts_again_moves_acquire_time_and_a_renewal_does_not() -> None:
+    fake = Coordination()
+    daemonleases.announce(api(fake), "ops", "n1", "10.0.0.1:7040", now=NOW, first=True)
+    lease = fake.leases["matrixpool-daemon-n1"]
+    later = NOW + datetime.timedelta(seconds=10)
+    daemonleases.announce(api(fake), "ops", "n1", "10.0.0.1:7040", now=later)
+    assert lease["spec"]["acquireTime"] == "2026-11-30T12:00:00.250000Z"
+    again = NOW + datetime.timedelta(seconds=60)
+    daemonleases.announce(api(fake), "ops", "n1", "10.0.0.1:7040", now=again, first=True)
+    seen = daemonleases.parse(lease["metadata"]["annotations"], lease["spec"])
+    assert seen is not None
+    assert seen.started == again.timestamp()

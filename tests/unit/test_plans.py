@@ -15,10 +15,10 @@ import pytest
 
 from matrixpool import checkpoints
 from matrixpool.api import inferenceservice, labels
-from matrixpool.handlers import recovery, scheduler, timeshare, world
+from matrixpool.handlers import peers, recovery, scheduler, timeshare, world
 from matrixpool.handlers.workloads import Workload
 from tests.unit.recorder import Recorder
-from tests.unit.worlds import fixed_world, held, index, job, pod, running
+from tests.unit.worlds import endpoint, fixed_world, held, index, job, pod, running
 
 # ---- the scheduling cycle --------------------------------------------------------------------
 
@@ -320,3 +320,48 @@ def test_a_suspended_job_that_gets_cards_back_is_told_to_restore_its_step(
     assert closed["restoredStep"] == 6
     assert closed["resumedAt"]
     assert "Resumed" in executor.reasons("a")
+
+
+# ---- tier-1 peers ----------------------------------------------------------------------------
+
+
+def test_every_daemon_is_told_peers_in_another_rack_as_many_as_its_jobs_copy_to() -> None:
+    executor, memory = Recorder(), peers.Memory()
+    seen = fixed_world({}, [])  # n0, n1 in rack-0; n2, n3 in rack-1
+    rack = {endpoint(f"n{i}"): i // 2 for i in range(4)}
+
+    async def told() -> dict[str, list[str]]:
+        peers.run(seen, memory, executor, {})
+        await asyncio.sleep(0.01)  # told in the background
+        return executor.peers
+
+    first = asyncio.run(told())
+    assert set(first) == set(rack), "every daemon"
+    assert all(len(p) == 1 and rack[p[0]] != rack[d] for d, p in first.items()), first
+
+    copied = job("a", 2, checkpoint=True)
+    copied.model.spec.checkpoint.memory.peer_replicas = 2  # type: ignore[union-attr]
+    seen = fixed_world({}, [copied])
+    second = asyncio.run(told())
+    assert all(len(p) == 2 for p in second.values()), second
+    assert all(rack[p[0]] != rack[d] for d, p in second.items()), second
+
+
+def test_a_daemon_that_started_again_or_did_not_answer_is_told_again() -> None:
+    executor, memory = Recorder(), peers.Memory()
+    executor.healthy[endpoint("n3")] = False  # refuses the list
+    seen = fixed_world({}, [])
+
+    async def once(started: dict[str, float]) -> None:
+        peers.run(seen, memory, executor, started)
+        await asyncio.sleep(0.01)
+
+    asyncio.run(once({}))
+    assert endpoint("n3") not in executor.peers
+    executor.peers.clear()
+    executor.healthy[endpoint("n3")] = True
+    asyncio.run(once({"n1": 5.0}))  # n1's daemon restarted (its Lease's acquireTime moved)
+    assert set(executor.peers) == {endpoint("n1"), endpoint("n3")}, "only those two again"
+    executor.peers.clear()
+    asyncio.run(once({"n1": 5.0}))
+    assert executor.peers == {}, "nothing changed: nobody is told"

@@ -3,8 +3,8 @@
 For every simulated node (of the chosen supernodes) it runs one real checkpoint daemon
 (``matrixpool-ckpt-daemon``) on a loopback address of its own and announces it with a Lease in
 the operator's namespace, as the chart's ``matrixpool announce`` does
-(:mod:`matrixpool.k8s.daemonleases`); tier-1 peers are assigned in another rack
-(:func:`matrixpool_recovery.peers.assign_peers`). For every Running pod of a TrainingJob it runs a
+(:mod:`matrixpool.k8s.daemonleases`); the operator tells the daemons their tier-1 peers
+(:mod:`matrixpool.handlers.peers`). For every Running pod of a TrainingJob it runs a
 trainer process (:mod:`matrixpool.devcluster.trainer`) with the real Checkpointer. A node that
 goes NotReady or is deleted loses its daemon and trainers at once (SIGKILL: its memory is gone);
 when it comes back it gets a fresh, empty daemon. Used by the chaos tests, the demo and users who
@@ -12,7 +12,7 @@ want to rehearse a recovery.
 
 Credentials as the chart sets them up: the daemons read the cluster secret from
 ``<folder>/secret`` (0600; ``<folder>/token`` links to it for older scripts, and the operator
-reads it through ``MATRIXPOOL_CKPT_SECRET_FILE``); the sim tells peers with the operator token;
+reads it through ``MATRIXPOOL_CKPT_SECRET_FILE``);
 each trainer gets the token of its own job only.
 
 Reconciles every :data:`PERIOD` seconds from the API; safe to restart (it adopts nothing: old
@@ -29,7 +29,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,8 +39,7 @@ from matrixpool.api import labels
 from matrixpool.devcluster import cluster, faults
 from matrixpool.k8s import client as k8s_client
 from matrixpool.k8s import daemonleases
-from matrixpool_recovery import credentials, policy
-from matrixpool_recovery import peers as peer_policy
+from matrixpool_recovery import credentials
 
 PERIOD = 0.25  # seconds between reconciliations
 LEASE_SECONDS = 40  # the daemons' Leases, as the chart's default (renewed every 10 s)
@@ -83,7 +81,6 @@ class Sim:
     daemons: dict[str, Process] = field(default_factory=dict)  # node → its daemon
     trainers: dict[str, Process] = field(default_factory=dict)  # pod uid → its trainer
     addresses: dict[str, str] = field(default_factory=dict)  # node → loopback address
-    peers: dict[str, tuple[str, ...]] = field(default_factory=dict)  # node → peer nodes
     namespace: str = "default"  # the operator's: where the daemons' Leases go
     announced: dict[str, float] = field(default_factory=dict)  # node → last Lease renewal
     annotations: dict[str, str] = field(default_factory=dict)  # pod uid -> file content written
@@ -117,7 +114,8 @@ class Sim:
             self.shutdown()
 
     def reconcile(self) -> None:
-        """1 nodes and their daemons, 2 endpoints on the Nodes, 3 tier-1 peers, 4 trainers."""
+        """1 nodes and their daemons, 2 their Leases, 3 trainers. (The operator tells the
+        daemons their tier-1 peers, as in a real cluster.)"""
         nodes = self.nodes()
         healthy = {name for name, node in nodes.items() if _ready(node)}
         serving = {name for name in healthy if not _daemon_down(nodes[name])}
@@ -129,7 +127,6 @@ class Sim:
         for name in sorted(serving - set(self.daemons)):
             self.start_daemon(name)
         self.publish(nodes)
-        self.assign_peers(nodes, healthy)
         self.reconcile_trainers(healthy)
 
     def shutdown(self) -> None:
@@ -224,42 +221,6 @@ class Sim:
         self.daemons.pop(node).kill()
         self.announced.pop(node, None)
         shutil.rmtree(self.folder / "memory" / node, ignore_errors=True)
-        self.peers.pop(node, None)
-
-    # ---- phase 2: peers in another rack ------------------------------------------------------
-
-    def assign_peers(self, nodes: dict[str, Any], healthy: set[str]) -> None:
-        racks = {
-            name: (nodes[name].metadata.labels or {}).get(labels.RACK, name) for name in healthy
-        }
-        by_supernode: dict[str, list[str]] = {}
-        for name in healthy:
-            supernode = (nodes[name].metadata.labels or {}).get(labels.SUPERNODE, "")
-            by_supernode.setdefault(supernode, []).append(name)
-        for all_members in by_supernode.values():
-            members = [n for n in all_members if n in self.daemons]
-            plan = peer_policy.assign_peers(
-                {policy.NodeName(n): (0,) for n in members},
-                {policy.NodeName(n): racks[n] for n in members},
-                1,
-            )
-            for node, chosen in plan.peers.items():
-                if self.peers.get(node) != tuple(chosen) and self.daemons[node].ready():
-                    self.tell_peers(node, [self.endpoint(p) for p in chosen])
-                    self.peers[node] = tuple(chosen)
-
-    def tell_peers(self, node: str, endpoints: list[str]) -> None:
-        request = urllib.request.Request(
-            f"http://{self.endpoint(node)}/v1/peers",
-            method="POST",
-            data=json.dumps({"peers": endpoints}).encode(),
-            headers={
-                "Authorization": f"Bearer {credentials.operator_token(self.secret)}",
-                "Content-Type": "application/json",
-            },
-        )
-        with urllib.request.urlopen(request, timeout=5):
-            return
 
     # ---- phase 3: trainers -------------------------------------------------------------------
 

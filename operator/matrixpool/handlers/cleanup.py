@@ -27,6 +27,7 @@ import structlog
 from matrixpool import api, checkpoints, clock, metrics
 from matrixpool.api import trainingjob
 from matrixpool.handlers.workloads import Workload
+from matrixpool.k8s import daemonleases
 from matrixpool.placement import inventory
 
 SWEEP_SECONDS = 30.0  # between two sweeps of the daemons' inventories
@@ -84,7 +85,7 @@ def _deleted(type: str, **_: Any) -> bool:
 async def deleted_job(
     type: str,
     body: kopf.Body,
-    daemon_leases: kopf.Index[str, tuple[str, float, float]],
+    daemon_leases: kopf.Index[str, daemonleases.Announced],
     **_: Any,
 ) -> None:
     """The watch saw a TrainingJob go (no finalizer holds it: deleting a job never waits)."""
@@ -94,7 +95,7 @@ async def deleted_job(
     uid, name, namespace = meta.get("uid", ""), meta.get("name"), meta.get("namespace")
     if not uid:
         return
-    endpoints = sorted({endpoint for store in daemon_leases.values() for endpoint, _, _ in store})
+    endpoints = sorted({a.endpoint for store in daemon_leases.values() for a in store})
     done = await checkpoints.delete(uid, endpoints)
     metrics.CHECKPOINTS_DELETED.labels("deleted").inc(len(done))
     persistent = ((body.get("spec") or {}).get("checkpoint") or {}).get("persistent") or {}

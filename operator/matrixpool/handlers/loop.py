@@ -24,6 +24,7 @@ import structlog
 from matrixpool import clock
 from matrixpool.handlers import (
     cleanup,
+    peers,
     recovery,
     scheduler,
     supernode,
@@ -31,7 +32,7 @@ from matrixpool.handlers import (
     workloads,
     world,
 )
-from matrixpool.k8s import anchor, executor
+from matrixpool.k8s import anchor, daemonleases, executor
 from matrixpool.k8s import client as k8s_client
 from matrixpool.k8s.convert import PodFacts
 from matrixpool.placement import inventory
@@ -84,7 +85,7 @@ async def main_loop(
     training_jobs: kopf.Index[str, workloads.Workload],
     inference_services: kopf.Index[str, workloads.Workload],
     node_leases: kopf.Index[str, tuple[float, float]],
-    daemon_leases: kopf.Index[str, tuple[str, float, float]],
+    daemon_leases: kopf.Index[str, daemonleases.Announced],
     **_: Any,
 ) -> None:
     log.info("main loop started", namespace=namespace())
@@ -95,7 +96,10 @@ async def main_loop(
         index = lagged.read({key: list(store) for key, store in gang_pods.items()})
         now = clock.SYSTEM.monotonic()
         announced = _first(daemon_leases)
-        silent = state.daemons.observe({n: (r, d) for n, (_, r, d) in announced.items()}, now)
+        state.started = {n: a.started for n, a in announced.items()}
+        silent = state.daemons.observe(
+            {n: (a.renewed, a.duration) for n, a in announced.items()}, now
+        )
         return world.World(
             supernodes=_first(supernode_models),
             nodes=with_endpoints(_all(node_facts), announced),
@@ -119,7 +123,7 @@ async def main_loop(
 
 async def one_pass(state: Controllers, read: Callable[[], world.World]) -> None:
     """1 read the world, forget what went; 2 recovery; 3 time-sharing's allowances;
-    4 the scheduling cycle; 5 the SuperNodes' status."""
+    4 the scheduling cycle; 5 the SuperNodes' status; 6 the daemons' tier-1 peers."""
     now = read()
     state.forget_replaced(now.workloads)
     cleanup.sweep(state.sweeper, now.nodes, now.workloads)
@@ -128,6 +132,7 @@ async def one_pass(state: Controllers, read: Callable[[], world.World]) -> None:
     state.shares = await timeshare.share(read(), state.sharing, act)
     await scheduler.run_cycle(read, state.cycle, state.assumed, act)
     await supernode.report(read(), state.reported, act, state.sharing.transition_status)
+    peers.run(read(), state.peering, act, state.started)
 
 
 @dataclass
@@ -144,6 +149,8 @@ class Controllers:
     sharing: timeshare.Memory = field(default_factory=timeshare.Memory)
     leases: recovery.LeaseClock = field(default_factory=recovery.LeaseClock)  # kubelets'
     daemons: recovery.LeaseClock = field(default_factory=recovery.LeaseClock)  # ckpt daemons'
+    started: dict[str, float] = field(default_factory=dict)  # node → when its daemon started
+    peering: peers.Memory = field(default_factory=peers.Memory)  # tier-1 peers told
     sweeper: cleanup.Sweeper = field(default_factory=cleanup.Sweeper)
     reported: dict[str, dict[str, Any]] = field(default_factory=dict)  # SuperNode → status
     identities: dict[str, str] = field(default_factory=dict)  # workload key → its UID
@@ -183,12 +190,12 @@ class Lagged:
 
 
 def with_endpoints(
-    nodes: list[inventory.NodeInfo], announced: dict[str, tuple[str, float, float]]
+    nodes: list[inventory.NodeInfo], announced: dict[str, daemonleases.Announced]
 ) -> list[inventory.NodeInfo]:
     """The Nodes with their checkpoint daemon's endpoint, as its Lease announces it (none
     without a Lease)."""
     return [
-        dataclasses.replace(n, endpoint=announced[n.name][0]) if n.name in announced else n
+        dataclasses.replace(n, endpoint=announced[n.name].endpoint) if n.name in announced else n
         for n in nodes
     ]
 

@@ -52,14 +52,11 @@ def node_facts(
 )
 def daemon_leases(
     annotations: Mapping[str, str], spec: Mapping[str, Any], **_: Any
-) -> dict[str, tuple[str, float, float]] | None:
-    """Node → (endpoint, renewTime as epoch seconds, leaseDurationSeconds) of its checkpoint
-    daemon, as the daemon's Lease announces it (:mod:`matrixpool.k8s.daemonleases`)."""
-    parsed = daemonleases.parse(annotations, spec)
-    if parsed is None:
-        return None
-    node, endpoint, renewed, duration = parsed
-    return {node: (endpoint, renewed, duration)}
+) -> dict[str, daemonleases.Announced] | None:
+    """Node → its checkpoint daemon, as the daemon's Lease announces it
+    (:mod:`matrixpool.k8s.daemonleases`)."""
+    announced = daemonleases.parse(annotations, spec)
+    return {announced.node: announced} if announced is not None else None
 
 
 @kopf.index("", "v1", "pods")

@@ -27,6 +27,7 @@ import hashlib
 import time
 import urllib.request
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from matrixpool.api import labels
@@ -81,14 +82,16 @@ def announce(
     now: datetime.datetime | None = None,
     first: bool = False,
 ) -> None:
-    """Create or renew the Lease of ``node``'s daemon. ``first``: this announcer's first
-    renewal, which also writes the endpoint (later ones leave it as it is)."""
+    """Create or renew the Lease of ``node``'s daemon. ``first``: the first renewal since the
+    daemon (re)started, which also writes the endpoint and ``acquireTime`` (later ones leave
+    them as they are)."""
     now = now or datetime.datetime.now(datetime.UTC)
     name = lease_name(node)
     patch: dict[str, Any] = {"spec": {"renewTime": _micro(now), "holderIdentity": node}}
-    if first:
+    if first:  # a daemon (re)started: where it serves, and since when (the operator tells a
+        # new daemon its peers again when acquireTime moves)
         patch["metadata"] = {"annotations": {labels.CKPT_ENDPOINT: endpoint}}
-        patch["spec"]["leaseDurationSeconds"] = duration
+        patch["spec"] |= {"leaseDurationSeconds": duration, "acquireTime": _micro(now)}
     try:
         api.coordination.patch_namespaced_lease(name, namespace, patch)
         return
@@ -103,18 +106,36 @@ def announce(
         api.coordination.patch_namespaced_lease(name, namespace, patch)
 
 
-def parse(
-    annotations: Mapping[str, str], spec: Mapping[str, Any]
-) -> tuple[str, str, float, float] | None:
-    """(node, endpoint, renewTime as epoch seconds, duration) of a daemon Lease, or None when
-    it names no node, no endpoint or no renewal."""
+@dataclass(frozen=True)
+class Announced:
+    """A daemon as its Lease announces it."""
+
+    node: str
+    endpoint: str  # host:port
+    renewed: float  # renewTime, epoch seconds
+    duration: float  # leaseDurationSeconds
+    started: float  # acquireTime, epoch seconds: when the daemon (re)started serving
+
+
+def parse(annotations: Mapping[str, str], spec: Mapping[str, Any]) -> Announced | None:
+    """The daemon a Lease announces, or None when it names no node, no endpoint or no
+    renewal."""
     node = str(spec.get("holderIdentity") or "")
     endpoint = str(annotations.get(labels.CKPT_ENDPOINT) or "")
     renewed = spec.get("renewTime")
     if not (node and endpoint and renewed):
         return None
-    when = datetime.datetime.fromisoformat(str(renewed).replace("Z", "+00:00")).timestamp()
-    return node, endpoint, when, float(spec.get("leaseDurationSeconds") or DURATION_SECONDS)
+    return Announced(
+        node,
+        endpoint,
+        _epoch(renewed),
+        float(spec.get("leaseDurationSeconds") or DURATION_SECONDS),
+        _epoch(spec.get("acquireTime") or renewed),
+    )
+
+
+def _epoch(value: Any) -> float:
+    return datetime.datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
 
 
 def healthy(endpoint: str, timeout: float = 2.0) -> bool:
@@ -149,4 +170,5 @@ def run(
                 log(f"announce: could not renew {lease_name(node)}: {error}")
         else:
             log(f"announce: the daemon at {endpoint} does not answer; not renewing")
+            first = True  # when it answers again it is a new daemon (empty, no peers)
         time.sleep(duration / 4)

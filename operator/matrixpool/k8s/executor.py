@@ -4,8 +4,8 @@ ask the checkpoint daemons goes through an :class:`Executor`.
 The controllers in :mod:`matrixpool.handlers` decide from the read model
 (:mod:`matrixpool.handlers.world`) and hand what they decided to the executor they were given:
 create, reserve, bind, annotate and delete pods, patch a status, apply a ConfigMap, record an
-Event, ask the daemons for an inventory, a heartbeat or a pin. The main loop gives them
-:class:`Live`, which calls the API server (:mod:`matrixpool.k8s.pods`,
+Event, ask the daemons for an inventory, a heartbeat or a pin, or tell them their peers. The
+main loop gives them :class:`Live`, which calls the API server (:mod:`matrixpool.k8s.pods`,
 :mod:`matrixpool.k8s.status`, :mod:`matrixpool.k8s.configmaps`, ``kopf.event``) and the
 daemons (:mod:`matrixpool.checkpoints`). Unit tests give them a recorder instead and assert the
 actions a world leads to, with no API server and no daemon (``tests/unit/test_plans.py``).
@@ -91,6 +91,10 @@ class Executor(Protocol):
         """Ask daemons to keep ``step`` of ``job`` (None: let go); the endpoints that did."""
         ...
 
+    async def set_peers(self, endpoint: str, peers: list[str]) -> bool:
+        """Tell a daemon its tier-1 peers; whether it took them."""
+        ...
+
 
 class Live:
     """The executor of a running operator: the API server and the daemons."""
@@ -141,3 +145,6 @@ class Live:
 
     async def pin(self, job: str, endpoints: Iterable[str], step: int | None) -> list[str]:
         return await checkpoints.pin(job, endpoints, step)
+
+    async def set_peers(self, endpoint: str, peers: list[str]) -> bool:
+        return await checkpoints.set_peers(endpoint, peers)
