@@ -20,7 +20,9 @@ restore: ``{"step": 120, "of": 7, "incarnation": 9, "from": ["10.0.0.7:7040"], "
 "r3"}`` — the step (or absent for "the newest committed"), the incarnation that wrote it, the
 new incarnation the rank runs as from now on (``new_incarnation``), the daemons that hold
 copies (beyond the rank's own node daemon), and the id of the recovery or resume that asked (a
-new id makes the trainers reload, even at the same step).
+new id makes the trainers reload, even at the same step). ``{"fresh": true, "incarnation": 9,
+"recovery": "r1"}`` tells a rank of a job that had no checkpoint yet to start again from step 0
+as the new incarnation, reading nothing.
 """
 
 from __future__ import annotations
@@ -262,6 +264,7 @@ class Restore:
     recovery: str = ""  # id of the recovery or resume that asked
     incarnation: int | None = None  # the incarnation the rank runs as after restoring
     of: int | None = None  # the incarnation that wrote ``step``
+    fresh: bool = False  # no checkpoint yet: start from step 0, read nothing
 
 
 def new_incarnation(found: Inventory, now: datetime.datetime) -> int:
@@ -278,10 +281,16 @@ def restore_value(
     *,
     incarnation: int | None = None,
     of: int | None = None,
+    fresh: bool = False,
 ) -> str:
     """The annotation value for a rank to restore ``step`` (written by incarnation ``of``)
-    from ``sources`` and run on as ``incarnation``."""
+    from ``sources`` and run on as ``incarnation``; ``fresh``: to start from step 0 instead
+    (``step`` must be None: the job has no checkpoint yet)."""
+    if fresh and step is not None:
+        raise ValueError(f"a fresh start restores no step (got {step})")
     body: dict[str, object] = {"from": sorted(set(sources))}
+    if fresh:
+        body["fresh"] = True
     if step is not None:
         body["step"] = step
     if recovery_id:
@@ -318,8 +327,18 @@ def parse_restore(value: str | None) -> Restore | None:
     for key, number in numbers.items():
         if number is not None and (not isinstance(number, int) or number < 0):
             raise ValueError(f"restore {key!r} {number!r} must be a whole number >= 0")
+    fresh = body.get("fresh", False)
+    if not isinstance(fresh, bool) or (fresh and step is not None):
+        raise ValueError(
+            f"restore 'fresh' {fresh!r} must be a boolean, and true only without a step"
+        )
     return Restore(
-        step, tuple(sources), str(body.get("recovery") or ""), numbers["incarnation"], numbers["of"]
+        step,
+        tuple(sources),
+        str(body.get("recovery") or ""),
+        numbers["incarnation"],
+        numbers["of"],
+        fresh,
     )
 
 

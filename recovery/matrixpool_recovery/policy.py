@@ -26,6 +26,13 @@ Rules (each a small named function below):
   source: memory on its own node > memory on another node (peer copies) > disk on its own node
   > disk on another node > persistent. Reschedule knows no node yet, so it never counts a copy
   as "own node". Invalid (corrupt, partial) copies are skipped.
+* No checkpoint yet (no copy of any rank at any step, valid or not, and no step ever known
+  committed: ``newest_saved_step`` None): the gang restarts from step 0 at the cheapest
+  allowed level its damage allows (``Plan.restored_step`` None, ``Plan.fresh``). Nothing that
+  was ever committed is lost. Copies that exist without a step common to every rank, or a
+  step once committed that no longer survives, are a real loss: ``Failed``, as before (the
+  poll of status.checkpoints lags, so shards of a step just committed and lost with a node
+  are not told apart from a first checkpoint half written).
 * ``maxRecoveries`` reached → ``Failed`` before anything else.
 """
 
@@ -132,10 +139,15 @@ class Plan:
     cause: str  # the faults, one line ("NodeDown on n3; ...") for status.recoveries[].cause
     ranks: frozenset[Rank]  # restarted or moved (InPlace, SpareSwap); all of them (Reschedule)
     targets: Mapping[Rank, NodeName]  # SpareSwap: moved rank -> spare node; else empty
-    sources: Mapping[Rank, Copy]  # every rank -> the copy it restores restored_step from
-    restored_step: int  # newest step with a usable copy for every rank
+    sources: Mapping[Rank, Copy]  # every rank -> the copy it restores; empty when fresh
+    restored_step: int | None  # newest step with a usable copy for every rank; None: fresh
     lost_steps: int | None  # newest_saved_step - restored_step; None when unknown
     reason: str  # why this level, a sentence for Events and conditions
+
+    @property
+    def fresh(self) -> bool:
+        """No checkpoint yet: every rank starts again from step 0, reading nothing."""
+        return self.restored_step is None
 
 
 @dataclass(frozen=True)
@@ -168,7 +180,8 @@ def decide(
 
     ``fault`` may be several faults detected together (two nodes of a rack at once): they
     are decided as one recovery. ``newest_saved_step`` is the newest step any rank saved
-    (status.checkpoints.memory before the fault); it only feeds ``Plan.lost_steps``.
+    (status.checkpoints.memory before the fault); it feeds ``Plan.lost_steps``, and None
+    with no copy at all means the job has no checkpoint yet (:func:`_never_checkpointed`).
     """
     faults = (fault,) if isinstance(fault, Fault) else tuple(fault)
     # 1. Budget: maxRecoveries reached stops here.
@@ -181,17 +194,24 @@ def decide(
     # 2. Damage: lost nodes, ranks that must move, ranks to restart.
     damage = _damage(faults, job)
     held = tuple(copies)
+    fresh = _never_checkpointed(held, newest_saved_step)
     # 3. Levels, cheapest first, among the allowed ones; the first that restores wins.
     refusals = []
     for level in ALL_LEVELS:
         if level not in job.levels:
             refusals.append(f"{level} not in spec.recovery.levels")
             continue
-        outcome = _try(level, damage, job, held, spares, newest_saved_step)
+        outcome = _try(level, damage, job, held, spares, newest_saved_step, fresh=fresh)
         if isinstance(outcome, Plan):
             return outcome
         refusals.append(f"{level}: {outcome}")
     return Failed(f"no recovery from {damage.cause}: " + "; ".join(refusals))
+
+
+def _never_checkpointed(copies: Collection[Copy], newest_saved_step: int | None) -> bool:
+    """Rule: a job with no checkpoint yet restarts from step 0 — no copy of any rank at any
+    step (valid or not) is reported and no step was ever known committed."""
+    return not copies and newest_saved_step is None
 
 
 def _cause(faults: Collection[Fault]) -> str:
@@ -235,12 +255,17 @@ def _try(
     copies: tuple[Copy, ...],
     spares: Spares,
     newest_saved_step: int | None,
+    *,
+    fresh: bool = False,
 ) -> Plan | str:
     """A plan at this level, or why the level cannot be used."""
     placed = _placement(level, damage, job, spares)
     if isinstance(placed, str):
         return placed
     ranks, targets, reason = placed
+    if fresh:
+        reason = f"{reason}; no checkpoint yet: every rank restarts from step 0"
+        return Plan(level, damage.cause, ranks, targets, {}, None, None, reason)
     restored = _restore(level, damage, job, copies, targets)
     if isinstance(restored, str):
         return restored

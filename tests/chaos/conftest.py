@@ -51,7 +51,8 @@ def operator(
 
 class CardSampler:
     """Lists the gang pods every ``period`` seconds and records any (node, card) held by two
-    pods at once; a terminating or failed pod still holds its cards until it is gone."""
+    pods at once; a terminating or failed pod still holds its cards until it is gone, a pod
+    that Succeeded holds none (its container exited, as a device plugin sees it)."""
 
     def __init__(self, cluster: framework.TestCluster, period: float = 0.3) -> None:
         self.api = cluster.api
@@ -74,6 +75,8 @@ class CardSampler:
     def check(self, items: list[Any]) -> None:
         holder: dict[tuple[str, int], str] = {}
         for pod in items:
+            if pod.status is not None and pod.status.phase == "Succeeded":
+                continue
             annotations = pod.metadata.annotations or {}
             node = pod.spec.node_name or annotations.get(RESERVED)
             cards = [int(c) for c in annotations.get(CARDS, "").split(",") if c.strip()]

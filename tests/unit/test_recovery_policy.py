@@ -301,6 +301,102 @@ def test_one_fault_alone_is_accepted_and_named_in_the_cause() -> None:
     assert "n1→s1" in plan.reason
 
 
+# --- no checkpoint yet: restart from step 0 --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("case", "level", "ranks", "targets"),
+    [
+        pytest.param(
+            Case([pod_failed("n2", 1)], FOUR, []),
+            Level.IN_PLACE,
+            {1},
+            {},
+            id="a failed pod of a job with no checkpoint restarts in place from step 0",
+        ),
+        pytest.param(
+            Case([down("n1")], FOUR, [], spares("s1")),
+            Level.SPARE_SWAP,
+            {0},
+            {0: "s1"},
+            id="a lost node of a job with no checkpoint swaps to a spare and starts from step 0",
+        ),
+        pytest.param(
+            Case([down("n1")], FOUR, []),
+            Level.RESCHEDULE,
+            {0, 1, 2, 3},
+            {},
+            id="a lost node with no spare reschedules the gang from step 0",
+        ),
+        pytest.param(
+            Case([pod_failed("n2", 1)], gang("n1", "n2", levels=(Level.RESCHEDULE,)), []),
+            Level.RESCHEDULE,
+            {0, 1},
+            {},
+            id="the cheapest level spec.recovery.levels allows is the one used",
+        ),
+    ],
+)
+def test_a_job_with_no_checkpoint_yet_restarts_from_step_0_at_the_cheapest_level(
+    case: Case, level: Level, ranks: set[int], targets: dict[int, str]
+) -> None:
+    plan = policy.decide(case.faults, case.job, case.copies, case.spares, newest_saved_step=None)
+    assert isinstance(plan, policy.Plan), plan
+    assert plan.fresh
+    assert (plan.level, set(plan.ranks), dict(plan.targets)) == (level, ranks, targets)
+    assert (plan.restored_step, plan.sources, plan.lost_steps) == (None, {}, None)
+    assert "no checkpoint yet" in plan.reason
+
+
+@pytest.mark.parametrize(
+    ("copies", "newest", "words"),
+    [
+        pytest.param(
+            [Copy(0, 10, Tier.MEMORY, N("n1"))],
+            None,
+            "ranks [1] have no valid surviving copy",
+            id="shards of some ranks without a step common to all are a loss, not a fresh start",
+        ),
+        pytest.param(
+            [Copy(r, 10, Tier.MEMORY, N(n), valid=False) for r, n in ((0, "n1"), (1, "n2"))],
+            None,
+            "no valid surviving copy",
+            id="corrupt copies only are a loss, not a fresh start",
+        ),
+        pytest.param(
+            [],
+            20,
+            "no valid surviving copy",
+            id="a step committed once that no longer survives anywhere is a loss",
+        ),
+    ],
+)
+def test_a_job_that_saved_something_does_not_restart_from_step_0(
+    copies: list[Copy], newest: int | None, words: str
+) -> None:
+    job = gang("n1", "n2")
+    failed = policy.decide(
+        pod_failed("n2", 1), job, copies, policy.Spares(), newest_saved_step=newest
+    )
+    assert isinstance(failed, policy.Failed), failed
+    assert failed.code == "RecoveryImpossible"
+    assert words in failed.reason
+
+
+def test_a_job_with_no_checkpoint_yet_still_fails_out_of_recoveries() -> None:
+    job = gang("n1", "n2", recoveries=2, max_recoveries=2)
+    failed = policy.decide(pod_failed("n2", 1), job, [], policy.Spares())
+    assert isinstance(failed, policy.Failed)
+    assert failed.code == "MaxRecoveriesReached"
+
+
+def test_a_job_with_no_checkpoint_yet_still_fails_when_no_level_places_it() -> None:
+    job = gang("n1", "n2", levels=(Level.IN_PLACE,))
+    failed = policy.decide(down("n1"), job, [], spares("s1"))
+    assert isinstance(failed, policy.Failed)
+    assert "lost their node or cards" in failed.reason
+
+
 # --- properties -------------------------------------------------------------------------------
 
 NODES = ["n1", "n2", "n3", "n4"]
@@ -348,9 +444,13 @@ def test_a_plan_restores_one_step_every_rank_really_holds(
         return
     lost = {f.node for f in faults if f.kind in policy.NODE_LOSSES}
     assert plan.level in job.levels
+    if plan.fresh:  # only when nothing at all was ever saved
+        assert (copies, plan.sources, plan.lost_steps) == ([], {}, None)
+        return
     assert set(plan.sources) == set(range(job.world_size))
     for rank, source in plan.sources.items():
         newest_valid = max(c.step for c in copies if c.rank == rank and c.valid)
+        assert plan.restored_step is not None
         assert plan.restored_step <= newest_valid
         assert (source.rank, source.step, source.valid) == (rank, plan.restored_step, True)
         assert source in copies

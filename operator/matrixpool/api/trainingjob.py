@@ -36,6 +36,7 @@ RANKS_LISTED = 64
 # so that a long run never outgrows the API server's object size limit.
 KEPT_RECOVERIES = 20
 KEPT_PREEMPTIONS = 20
+MAX_TTL_SECONDS = 31_536_000  # spec.ttlSecondsAfterFinished: at most a year
 
 
 class SuperNodeAffinity(StrEnum):
@@ -188,6 +189,13 @@ class TrainingJobSpec(common.ApiModel):
         default_factory=Recovery, json_schema_extra=common.DEFAULT_EMPTY_OBJECT
     )
     """Fault recovery."""
+    ttl_seconds_after_finished: int | None = Field(default=None, ge=0, le=MAX_TTL_SECONDS)
+    """Seconds after the job Succeeded (status.completionTime) before the operator deletes
+    its pods, kept until then for their logs and holding no cards; absent: kept until the job
+    is deleted. Unlike a Kubernetes Job's field of that name, the TrainingJob itself stays: its
+    status is the record of the run (recoveries, preemptions, checkpoint steps) and deleting
+    it would delete its checkpoints (tiers 1-2, and tier 3 under reclaimPolicy Delete). A
+    Failed job's pods are deleted when it fails, whatever this says."""
 
     @property
     def cards(self) -> int:
@@ -320,7 +328,10 @@ class RecoveryRecord(common.ApiModel):
     cause: str = Field(max_length=1024)
     """The fault, e.g. NodeNotReady, CardsUnhealthy, PodFailed, DaemonUnreachable."""
     restored_step: int | None = Field(default=None, ge=0)
-    """Step restored; absent: restarted from scratch."""
+    """Step restored; absent: restarted from scratch (see fromScratch)."""
+    from_scratch: bool | None = None
+    """True when the job had no checkpoint yet (none ever committed, no shard anywhere):
+    every rank restarted from step 0; absent otherwise."""
     lost_steps: int | None = Field(default=None, ge=0)
     """Steps trained since the restored checkpoint, lost by the fault."""
     detected_at: datetime
@@ -402,6 +413,8 @@ class TrainingJobStatus(common.ApiModel):
     """metadata.generation this status was computed from."""
     phase: Phase = Phase.PENDING
     """Lifecycle phase."""
+    completion_time: datetime | None = None
+    """When every rank's pod had Succeeded (phase Succeeded), as a Kubernetes Job's."""
     replicas: ReplicaCounts = Field(default_factory=ReplicaCounts)
     """Rank counts."""
     time_sharing: TimeSharingStatus = Field(default_factory=TimeSharingStatus)

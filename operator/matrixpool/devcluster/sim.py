@@ -5,7 +5,11 @@ For every simulated node (of the chosen supernodes) it runs one real checkpoint 
 the operator's namespace, as the chart's ``matrixpool announce`` does
 (:mod:`matrixpool.k8s.daemonleases`); the operator tells the daemons their tier-1 peers
 (:mod:`matrixpool.handlers.peers`). For every Running pod of a TrainingJob it runs a
-trainer process (:mod:`matrixpool.devcluster.trainer`) with the real Checkpointer. A node that
+trainer process (:mod:`matrixpool.devcluster.trainer`) with the real Checkpointer, and the plain
+``value`` env entries of the pod's first container (so a pod that sets ``MATRIXPOOL_SIM_STEPS``
+trains that many steps and exits 0); the sim's own settings (identity, daemon, token) win over
+the pod's. A trainer that exits makes its pod Succeeded (code 0) or Failed, as a kubelet
+reports a container of a restartPolicy Never pod. A node that
 goes NotReady or is deleted loses its daemon and trainers at once (SIGKILL: its memory is gone);
 when it comes back it gets a fresh, empty daemon. Used by the chaos tests, the demo and users who
 want to rehearse a recovery.
@@ -225,8 +229,9 @@ class Sim:
     # ---- phase 3: trainers -------------------------------------------------------------------
 
     def reconcile_trainers(self, healthy: set[str]) -> None:
-        """A trainer per Running pod on a healthy node; a trainer that exits on its own fails
-        its pod (the kubelet's part, restartPolicy Never); each trainer sees its pod's
+        """A trainer per Running pod on a healthy node; a trainer that exits on its own ends
+        its pod, Succeeded on exit 0 else Failed (the kubelet's part, restartPolicy Never);
+        each trainer sees its pod's
         annotations in a file, as a downward-API volume would show them."""
         pods = self.api.core.list_pod_for_all_namespaces(
             label_selector=f"{labels.KIND}=TrainingJob"
@@ -241,7 +246,7 @@ class Sim:
         for uid in list(self.trainers):
             trainer = self.trainers[uid]
             if uid in wanted and not trainer.alive():
-                self.fail_pod(wanted.pop(uid), trainer)
+                self.end_pod(wanted.pop(uid), trainer)
             if uid not in wanted or not trainer.alive():
                 self.trainers.pop(uid).kill()
                 self.annotations.pop(uid, None)
@@ -275,12 +280,13 @@ class Sim:
         temporary.replace(path)
         self.annotations[uid] = content
 
-    def fail_pod(self, pod: Any, trainer: Process) -> None:
-        """The trainer died: the pod fails, as a kubelet reports a container that exited."""
+    def end_pod(self, pod: Any, trainer: Process) -> None:
+        """The trainer exited: the pod Succeeded (code 0) or Failed, as a kubelet reports the
+        one container of a restartPolicy Never pod."""
         code = trainer.popen.returncode
         status = {
-            "phase": "Failed",
-            "reason": "Error",
+            "phase": "Succeeded" if code == 0 else "Failed",
+            "reason": "Completed" if code == 0 else "Error",
             "message": f"trainer exited with code {code} (log {trainer.log.name})",
         }
         try:
@@ -288,7 +294,7 @@ class Sim:
                 pod.metadata.name, pod.metadata.namespace, {"status": status}
             )
         except Exception as error:  # the pod may be gone already
-            print(f"sim: could not fail pod {pod.metadata.name}: {error}", file=sys.stderr)
+            print(f"sim: could not end pod {pod.metadata.name}: {error}", file=sys.stderr)
 
     def start_trainer(self, pod: Any, gang: list[Any]) -> None:
         namespace, job = pod.metadata.namespace, pod.metadata.labels[labels.JOB]
@@ -300,6 +306,7 @@ class Sim:
         restore = (pod.metadata.annotations or {}).get(labels.RESTORE, "")
         job_key = body["metadata"]["uid"]  # the job's checkpoints and its token are keyed by it
         env = {
+            **pod_env(pod),  # the sim's own settings below win
             "MATRIXPOOL_JOB": job_key,
             "MATRIXPOOL_RANK": pod.metadata.labels[labels.RANK],
             "MATRIXPOOL_WORLD_SIZE": str(_world_size(gang)),
@@ -321,6 +328,17 @@ class Sim:
         trainer = _spawn([sys.executable, "-m", "matrixpool.devcluster.trainer"], log, env)
         self.trainers[pod.metadata.uid] = trainer
         log.with_suffix(".pid").write_text(str(trainer.popen.pid))
+
+
+def pod_env(pod: Any) -> dict[str, str]:
+    """The plain ``value`` env entries of the pod's first container, as its process would
+    see them. ``valueFrom`` entries are left out (the sim resolves no field or Secret), and so
+    is the token file the pod mounts from its Secret: the sim hands the token itself."""
+    containers = pod.spec.containers or []
+    entries = (containers[0].env or []) if containers else []
+    return {
+        e.name: e.value for e in entries if e.value is not None and e.name != labels.ENV_TOKEN_FILE
+    }
 
 
 def _world_size(gang: list[Any]) -> int:

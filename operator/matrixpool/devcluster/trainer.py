@@ -7,7 +7,9 @@ Started by ``matrixpool sim`` (one process per Running TrainingJob pod) with the
 
 What it does, as a real trainer would:
 1. At start it restores what the pod says (annotation ``matrixpool.dev/restore``, passed as
-   ``MATRIXPOOL_RESTORE``; see :mod:`matrixpool.checkpoints`), else starts at step 0.
+   ``MATRIXPOOL_RESTORE``; see :mod:`matrixpool.checkpoints`), else starts at step 0; a
+   restore that says ``fresh`` (the job had no checkpoint yet) starts at step 0 as the new
+   incarnation, reading nothing.
 2. It advances one step every ``MATRIXPOOL_SIM_STEP_SECONDS`` and checkpoints as the job's spec
    says, with the real :class:`~matrixpool_recovery.client.Checkpointer`.
 3. After each step it waits until every rank of the gang finished it (:class:`Barrier`, the
@@ -16,6 +18,9 @@ What it does, as a real trainer would:
    downward-API format ``key="value"``): a new ``matrixpool.dev/checkpoint-request`` id is
    answered by saving an agreed near step to every configured tier; a new
    ``matrixpool.dev/restore`` (a recovery rolled the gang back) reloads that step in place.
+5. With ``MATRIXPOOL_SIM_STEPS`` (from the pod's env) it exits 0 once the whole gang finished
+   that step: training is done, and the sim reports the pod Succeeded. Without it, it steps
+   until it is killed.
 
 It reports progress as JSON lines on stdout: ``{"rank", "step", "restored", "source", ...}``.
 """
@@ -37,6 +42,7 @@ from matrixpool.api import labels
 from matrixpool_recovery import client, errors
 
 STATE_BYTES = 64 << 10  # bytes of simulated state per rank
+STEPS_VARIABLE = "MATRIXPOOL_SIM_STEPS"  # pod env: exit 0 after this step (absent: never)
 
 
 def state_of(job: str, rank: int, step: int, size: int = STATE_BYTES) -> bytes:
@@ -117,6 +123,7 @@ class Trainer:
         self.rank, self.job = self.checkpointer.rank, self.checkpointer.job
         self.size = int(env.get("MATRIXPOOL_SIM_STATE_BYTES") or STATE_BYTES)
         self.pause = float(env.get("MATRIXPOOL_SIM_STEP_SECONDS") or 0.5)
+        self.steps = int(env.get(STEPS_VARIABLE) or 0)  # the last step; 0: train forever
         self.annotations_file = env.get("MATRIXPOOL_ANNOTATIONS_FILE")
         barrier = env.get("MATRIXPOOL_SIM_BARRIER")
         world = self.checkpointer.world_size
@@ -129,7 +136,7 @@ class Trainer:
 
     def run(self) -> None:
         try:
-            while True:
+            while not self.finished():
                 time.sleep(self.pause)  # the step's compute
                 self.step += 1
                 self.save(self.step)
@@ -137,8 +144,13 @@ class Trainer:
                     self.barrier.arrive(self.rank, self.step)
                 self.wait_for_gang()
                 self.follow_annotations()
+            report(rank=self.rank, step=self.step, finished=True)
         finally:
             self.checkpointer.close()
+
+    def finished(self) -> bool:
+        """The whole gang trained the last step (``MATRIXPOOL_SIM_STEPS``)."""
+        return 0 < self.steps <= self.step
 
     def state(self, step: int) -> bytes:
         return state_of(self.job, self.rank, step, self.size)
@@ -190,6 +202,11 @@ class Trainer:
             return 0
         if asked.incarnation is not None:  # from here on this rank saves as the new run
             self.checkpointer.start_incarnation(asked.incarnation)
+        if asked.fresh:  # no checkpoint yet: start over, read nothing
+            report(rank=self.rank, step=0, restored=None, fresh=True, recovery=asked.recovery)
+            if self.barrier is not None:
+                self.barrier.arrive(self.rank, 0)
+            return 0
         # A reader of its own: the saves in flight (a peer copy to a dead node, say) must not
         # hold the reload up. First only the daemons the operator named (it chose the copies:
         # one inventory per rank, not one per rank and peer), then every peer of the gang.

@@ -24,6 +24,7 @@ import structlog
 from matrixpool import clock
 from matrixpool.handlers import (
     cleanup,
+    lifecycle,
     peers,
     recovery,
     scheduler,
@@ -122,12 +123,14 @@ async def main_loop(
 
 
 async def one_pass(state: Controllers, read: Callable[[], world.World]) -> None:
-    """1 read the world, forget what went; 2 recovery; 3 time-sharing's allowances;
-    4 the scheduling cycle; 5 the SuperNodes' status; 6 the daemons' tier-1 peers."""
+    """1 read the world, forget what went, note the jobs that finished; 2 recovery;
+    3 time-sharing's allowances; 4 the scheduling cycle; 5 the SuperNodes' status;
+    6 the daemons' tier-1 peers."""
     now = read()
     state.forget_replaced(now.workloads)
     cleanup.sweep(state.sweeper, now.nodes, now.workloads)
     act = state.act
+    lifecycle.observe(now, act)
     await recovery.run(now, state.recoveries, act)
     state.shares = await timeshare.share(read(), state.sharing, act)
     await scheduler.run_cycle(read, state.cycle, state.assumed, act)

@@ -9,13 +9,15 @@ Node watch sees Ready go False at once, no controller-manager grace is waited fo
 
 Per TrainingJob whose gang is bound, each loop:
 1. **Detect** (:func:`detect`, pure): a rank's Node gone or not Ready, its daemon unreachable,
-   ``matrixpool.dev/unhealthy-cards`` covering one of its cards, its pod Failed (evicted too).
+   ``matrixpool.dev/unhealthy-cards`` covering one of its cards, its pod Failed (evicted too;
+   a container that exits non-zero fails its pod). A pod that Succeeded is no fault; a finished
+   job (phase Succeeded, :mod:`matrixpool.handlers.lifecycle`) is not looked at.
 2. **Decide**: ask the daemons of the job's supernodes (and the tier-3 URI) which copies
    survive (:mod:`matrixpool.checkpoints`), find the free spares, call ``policy.decide``.
 3. **Write the plan first**: ``status.recovering`` (level, targets, cards, what each rank
-   restores) and the read model's decisions (``handlers.world.Decisions``), before any pod is
-   touched. An operator killed from here on is followed by one that reads the plan back and
-   finishes it, once.
+   restores; a job with no checkpoint yet: start fresh from step 0) and the read model's
+   decisions (``handlers.world.Decisions``), before any pod is touched. An operator killed
+   from here on is followed by one that reads the plan back and finishes it, once.
 4. **Carry out** (idempotent, every loop until done): InPlace and SpareSwap delete the hit
    ranks' pods; the scheduler recreates them already reserved on their target node and cards
    (:func:`matrixpool.handlers.scheduler.pin`) and binds them; the other ranks get the new
@@ -70,6 +72,7 @@ POLL_SECONDS = 2.0  # status.checkpoints refresh period per running job
 BACKOFF_FIRST = 1.0  # seconds before a failed recovery step of a job is tried again ...
 BACKOFF_MAX = 300.0  # ... doubling with each failure in a row, up to this
 WAIT_SECONDS = 3.0  # the longest a pass waits for its probe or a poll (a daemon's timeout)
+FRESH = "no checkpoint yet: restarted from step 0"  # Events of a recovery from scratch
 
 
 @dataclass
@@ -144,6 +147,8 @@ async def run(world: read_model.World, state: State, act: executor.Executor) -> 
             continue
         if read_model.failed_reason(world, workload) is not None:
             continue
+        if read_model.succeeded(world, workload):
+            continue  # finished: its pods are kept for their logs, never recovered
         if state.backing_off(workload.uid, clock.SYSTEM.monotonic()):
             continue
         try:
@@ -355,6 +360,10 @@ def detect(
                 add(policy.FaultKind.CARDS_UNHEALTHY, pod.node, cards=bad)
             if pod.phase == "Failed":
                 add(policy.FaultKind.POD_FAILED, pod.node, ranks=[pod.rank])
+    if found:  # ranks that already exited 0 cannot reload the step the gang rolls back to
+        for pod in live:
+            if pod.node and pod.phase == "Succeeded" and pod.node in nodes:
+                add(policy.FaultKind.POD_FAILED, pod.node, ranks=[pod.rank])
     return [
         policy.Fault(kind, policy.NodeName(node), frozenset(cards), frozenset(ranks))
         for (kind, node), (ranks, cards) in sorted(found.items())
@@ -461,6 +470,9 @@ async def start(
             return
         # The ranks still running go on saving until they reload: pin the chosen step on
         # the daemons holding it, then check it is still there (it may have gone meanwhile).
+        if outcome.restored_step is None:  # no checkpoint yet: nothing to pin or check
+            pinned = []
+            break
         pinned = await act.pin(job, found.holders(outcome.restored_step), outcome.restored_step)
         if await still_held(job, outcome, found, act):
             break
@@ -483,8 +495,12 @@ async def start(
         workload.ref,
         "Warning",
         "Recovering",
-        f"{outcome.cause}: {outcome.level} — {outcome.reason}; restoring step "
-        f"{outcome.restored_step} (lost steps: {_lost(outcome.lost_steps)})",
+        f"{outcome.cause}: {outcome.level} — {outcome.reason}; "
+        + (
+            f"restoring step {outcome.restored_step} (lost steps: {_lost(outcome.lost_steps)})"
+            if not outcome.fresh
+            else FRESH
+        ),
     )
     log.info(
         "recovering",
@@ -495,6 +511,7 @@ async def start(
         rank_count=len(outcome.ranks),
         targets={str(r): n for r, n in outcome.targets.items()},
         restored_step=outcome.restored_step,
+        fresh=outcome.fresh,
         lost_steps=outcome.lost_steps,
         recovery=recovery["id"],
     )
@@ -555,6 +572,12 @@ def plan_record(
         targets = {str(r): plan.targets.get(r, view.node_of[r]) for r in sorted(plan.ranks)}
     by_value: dict[str, list[int]] = {}  # restore annotation -> the ranks that get it
     for rank in range(view.world_size):
+        if plan.fresh:  # no checkpoint yet: every rank starts again from step 0, reads nothing
+            value = checkpoints.restore_value(
+                None, (), recovery_id, incarnation=incarnation, fresh=True
+            )
+            by_value.setdefault(value, []).append(rank)
+            continue
         source = plan.sources[rank]
         if plan.level == policy.Level.RESCHEDULE:
             home = None  # no rank knows its node yet: every source is named
@@ -576,6 +599,7 @@ def plan_record(
         level=trainingjob.RecoveryLevel(plan.level.value),
         cause=plan.cause[:1024],
         restored_step=plan.restored_step,
+        from_scratch=True if plan.fresh else None,
         lost_steps=plan.lost_steps,
         detected_at=detected,
         ranks=sorted(plan.ranks)[: trainingjob.RANKS_LISTED],
@@ -615,7 +639,9 @@ async def carry_out(
         mine = _recovery_id(pod.restore) == recovery_id
         moved = str(pod.rank) in targets
         if (reschedule or moved) and not mine:
-            dead = pod.phase == "Failed" or pod.node in lost or _down(nodes, pod.node)
+            dead = (
+                pod.phase in convert.TERMINAL_PHASES or pod.node in lost or _down(nodes, pod.node)
+            )
             (doomed_now if dead else doomed).append((pod.namespace, pod.name))
         elif not mine and (value := trainingjob.restore_for(restore, pod.rank)) is not None:
             reload[(pod.namespace, pod.name)] = value
@@ -669,12 +695,17 @@ async def finish(
     level = str(recovery["level"])
     metrics.RECOVERIES.labels(level).inc()
     metrics.RECOVERY_SECONDS.labels(level).observe(seconds)
+    what = (
+        FRESH
+        if recovery.get("fromScratch")
+        else f"step {recovery.get('restoredStep')} restored, lost steps "
+        f"{_lost(recovery.get('lostSteps'))}"
+    )
     act.event(
         workload.ref,
         "Normal",
         "Recovered",
-        f"{level} recovery {recovery['id']} done in {seconds:.1f} s: step "
-        f"{recovery.get('restoredStep')} restored, lost steps {_lost(recovery.get('lostSteps'))}",
+        f"{level} recovery {recovery['id']} done in {seconds:.1f} s: {what}",
     )
     log.info("recovered", job=workload.key, level=level, seconds=round(seconds, 2))
 

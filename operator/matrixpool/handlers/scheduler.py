@@ -9,12 +9,13 @@ be given twice. Binding is two-phase (reserve every pod of the gang, then bind e
 holdings from the pods' annotations, and finishes or undoes a half-bound gang.
 
 Cycle phases: 1 read the world, 2 the gangs each workload wants, 3 create missing pods and
-delete surplus ones, 4 finish or undo half-done bindings, 4b victims of a preemption that
-checkpointed (or ran out of grace) give up their pods, 5 place pending gangs highest priority
-first (preempting if needed: training that checkpoints is asked first), 6 reserve and bind,
-7 write each workload's status, composed once. Every action goes through the executor the
-cycle is given (:mod:`matrixpool.k8s.executor`), so the cycle's plans are unit-tested with a
-recording one.
+delete surplus ones (a finished job's pods are kept until its ttl:
+:mod:`matrixpool.handlers.lifecycle`), 4 finish or undo half-done bindings, 4b victims of a
+preemption that checkpointed (or ran out of grace) give up their pods, 5 place pending gangs
+highest priority first (preempting if needed: training that checkpoints is asked first),
+6 reserve and bind, 7 write each workload's status, composed once. Every action goes through
+the executor the cycle is given (:mod:`matrixpool.k8s.executor`), so the cycle's plans are
+unit-tested with a recording one.
 
 One writer per status field of a TrainingJob or InferenceService (merge patches of disjoint
 fields cannot undo each other; each writer remembers what it wrote, so a lagging index never
@@ -25,7 +26,7 @@ field                                                    writer
 =======================================================  ==================================
 ``phase``, ``replicas``, ``placement``, ``conditions``,  this cycle (phase 7; ``replicas``,
 ``observedGeneration``, ``roles``, ``roleSummary``,      ``conditions`` and ``preemptions``
-``expertMap``, ``preemptions``                           also at a preemption)
+``expertMap``, ``preemptions``, ``completionTime``       also at a preemption)
 ``recovering``, ``recoveries``, ``recoveryCount``,       :mod:`matrixpool.handlers.recovery`
 ``checkpoints``
 ``timeSharing``                                          :mod:`matrixpool.handlers.timeshare`
@@ -45,7 +46,7 @@ import structlog
 
 from matrixpool import checkpoints, clock, metrics
 from matrixpool.api import common, inferenceservice, labels, trainingjob
-from matrixpool.handlers import background
+from matrixpool.handlers import background, lifecycle
 from matrixpool.handlers import world as read_model
 from matrixpool.handlers.workloads import Workload
 from matrixpool.handlers.world import Assumed, World
@@ -145,6 +146,8 @@ class Cycle:
         if isinstance(workload.model, trainingjob.TrainingJob):
             if read_model.failed_reason(self.world, workload) is not None:
                 return []  # a failed job keeps no pods
+            if read_model.succeeded(self.world, workload):
+                return []  # finished: nothing to place (its pods stay: reconcile_pods)
             spec = workload.model.spec
             size = self.sizes.get(spec.super_node or "") or max(self.sizes.values(), default=0)
             replicas = self.effective(workload)
@@ -163,6 +166,9 @@ class Cycle:
 
     async def reconcile_pods(self, wanted: Mapping[str, list[gangs.Gang]]) -> None:
         for workload in self.world.workloads:
+            if read_model.succeeded(self.world, workload):
+                await self.expire(workload)  # kept for their logs until the ttl
+                continue
             existing = {p.name: p for p in self.world.pods.get(workload.key, [])}
             plans = [p for g in wanted.get(workload.key, []) for p in g.pods]
             names = {p.name for p in plans}
@@ -190,6 +196,16 @@ class Cycle:
                         self.assumed.deleting(p)
             except Exception as error:  # e.g. a namespace being deleted: the others go on
                 log.warning("could not reconcile pods", workload=workload.key, error=str(error))
+
+    async def expire(self, workload: Workload) -> None:
+        """The pods of a finished job go once spec.ttlSecondsAfterFinished has passed."""
+        going = lifecycle.expired(self.world, workload, clock.SYSTEM.now())
+        if not going:
+            return
+        await self.act.delete_pods([(p.namespace, p.name) for p in going])
+        for p in going:
+            self.assumed.deleting(p)
+        self.event(workload, "Normal", "PodsDeleted", f"ttl passed: {len(going)} pods deleted")
 
     def resume_value(
         self, workload: Workload, existing: Mapping[str, convert.PodFacts]
@@ -356,8 +372,8 @@ class Cycle:
             if not isinstance(workload.model, trainingjob.TrainingJob):
                 continue
             spec = workload.model.spec
-            if self.shares.governs(workload.key):
-                continue  # time-sharing grows it (handlers.timeshare)
+            if self.shares.governs(workload.key) or read_model.succeeded(self.world, workload):
+                continue  # time-sharing grows it (handlers.timeshare); a finished job never
             if self.effective(workload) >= spec.replicas:
                 continue
             if waiting is not None and waiting >= spec.priority:
@@ -875,11 +891,14 @@ def training_status(
     conditions_now: Sequence[common.Condition] | None = None,
     preemptions: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
+    current = list(conditions_now) if conditions_now is not None else _conditions(workload.status)
+    if read_model.succeeded(world, workload):
+        return lifecycle.finished_status(workload, world, current)
     by_name = {p.name: p for p in facts}
     all_pods = [p for g in plans for p in g.pods]
     placed = [b for p in all_pods if (b := _placed(p, by_name, just_bound)) is not None]
     running = sum(1 for p in all_pods if p.name in by_name and by_name[p.name].phase == "Running")
-    current = list(conditions_now) if conditions_now is not None else _conditions(workload.status)
+    done = sum(1 for p in all_pods if p.name in by_name and by_name[p.name].phase == "Succeeded")
     preempted = common.find_condition(current, "Preempted")
     complete = bool(all_pods) and len(placed) == len(all_pods)
     if read_model.failed_reason(world, workload) is not None:
@@ -889,8 +908,10 @@ def training_status(
     elif workload.uid in world.decisions.preempting:
         phase = trainingjob.Phase.CHECKPOINTING  # preempted, asked to checkpoint first
     elif complete:
-        phase = (
-            trainingjob.Phase.RUNNING if running == len(all_pods) else (trainingjob.Phase.SCHEDULED)
+        phase = (  # ranks that finished first leave the job Running
+            trainingjob.Phase.RUNNING
+            if running and running + done == len(all_pods)
+            else trainingjob.Phase.SCHEDULED
         )
     elif preempted is not None and preempted.status == common.ConditionStatus.TRUE:
         phase = trainingjob.Phase.SUSPENDED

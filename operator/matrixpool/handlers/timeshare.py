@@ -107,7 +107,11 @@ async def share(world: World, memory: Memory, act: executor.Executor) -> read_mo
     sizes = {t.name: max((n.cards for n in t.nodes), default=0) for t in topologies}
     owners = attach(world.workloads, world.pods, supernode_of, shared)
     for name in shared:
-        members = [w for w in world.workloads if owners.get(w.key) == name and w.model]
+        members = [  # a finished job holds nothing and wants nothing
+            w
+            for w in world.workloads
+            if owners.get(w.key) == name and w.model and not read_model.succeeded(world, w)
+        ]
         try:
             await Sharing(world, name, members, sizes.get(name, 0), memory, act).run(shares)
         except windows.UnknownTimezoneError as error:

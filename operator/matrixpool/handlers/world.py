@@ -5,7 +5,9 @@ Built by the main loop (:mod:`matrixpool.handlers.loop`); every controller (sche
 recovery, time-sharing, SuperNode status) reads the same :class:`World`, and asks it the
 questions they share — the topology (:func:`topologies`), the cards held
 (:func:`holdings`), how many ranks a job runs now (:func:`replicas_now`), whether it recovers
-(:func:`recovery_of`) or failed (:func:`failed_reason`) — so each has one answer.
+(:func:`recovery_of`), failed (:func:`failed_reason`) or succeeded (:func:`succeeded`) — so
+each has one answer. The pods of a job that succeeded are kept (for their logs) but hold no
+card: the World shows them ``released``.
 
 **Decisions** (:class:`Decisions`, by workload UID) are what one controller decided that the
 others must see before the API shows it. One writer per field:
@@ -15,6 +17,8 @@ field           written by                    read by
 ==============  ============================  =========================================
 ``recovering``  recovery (plan, finish)       scheduler (pins new pods), recovery, status
 ``failed``      recovery (no level left)      scheduler (no pods), recovery, status
+``succeeded``   lifecycle (every rank         everyone: the job is finished (pods kept,
+                exited 0)                     no cards, no recovery, no time-sharing)
 ``replicas``    scheduler (shrink, grow)      every ``replicas_now``
 ``preempting``  scheduler (ask, then evict)   scheduler
 ==============  ============================  =========================================
@@ -69,11 +73,14 @@ class Decisions:
     failed: dict[str, tuple[str, str]] = field(default_factory=dict)  # (reason code, message)
     replicas: dict[str, int] = field(default_factory=dict)  # after a shrink or a grow
     preempting: dict[str, Preempting] = field(default_factory=dict)  # victims asked to save
+    # when every rank's pod had Succeeded (status.completionTime until the API shows it)
+    succeeded: dict[str, datetime.datetime] = field(default_factory=dict)
 
     def forget(self, uid: str) -> None:
         for remembered in (
             self.recovering,
             self.failed,
+            self.succeeded,
             self.replicas,
             self.preempting,
         ):
@@ -134,6 +141,18 @@ class World:
     decisions: Decisions = field(default_factory=Decisions)  # the loop's, shared
     shares: Shares = field(default_factory=Shares)  # time-sharing's latest allowances
 
+    def __post_init__(self) -> None:
+        """The pods of jobs that succeeded hold no card (they are kept for their logs)."""
+        done = {w.key for w in self.workloads if completed(self, w) is not None}
+        if done:
+            pods = {
+                owner: [dataclasses.replace(p, released=True) for p in facts]
+                if owner in done
+                else facts
+                for owner, facts in self.pods.items()
+            }
+            object.__setattr__(self, "pods", pods)
+
 
 # ---- the shared answers --------------------------------------------------------------------
 
@@ -175,6 +194,27 @@ def failed_reason(world: World, workload: Workload) -> str | None:
     if workload.status.get("phase") == trainingjob.Phase.FAILED.value:
         return "failed"
     return None
+
+
+def completed(world: World, workload: Workload) -> datetime.datetime | None:
+    """When a TrainingJob succeeded (every rank's pod exited 0), or None: it never goes back."""
+    if workload.kind != trainingjob.KIND:
+        return None
+    if workload.uid in world.decisions.succeeded:
+        return world.decisions.succeeded[workload.uid]
+    if workload.status.get("phase") != trainingjob.Phase.SUCCEEDED.value:
+        return None
+    when = workload.status.get("completionTime")
+    if isinstance(when, datetime.datetime):
+        return when
+    try:
+        return datetime.datetime.fromisoformat(str(when).replace("Z", "+00:00"))
+    except ValueError:  # written without one (by hand): finished, since the epoch
+        return datetime.datetime.fromtimestamp(0, datetime.UTC)
+
+
+def succeeded(world: World, workload: Workload) -> bool:
+    return completed(world, workload) is not None
 
 
 def topologies(world: World) -> list[model.SuperNodeTopology]:

@@ -88,6 +88,7 @@ class PodFacts:
     ready: bool
     restore: str = ""  # annotation matrixpool.dev/restore: what the rank restored from
     uid: str = ""  # metadata.uid: the pod's identity (a re-created pod is another pod)
+    released: bool = False  # its job Succeeded: kept for its logs, its cards free (read model)
 
     @property
     def key(self) -> str:
@@ -95,7 +96,10 @@ class PodFacts:
 
     @property
     def holds_cards(self) -> bool:
-        return bool(self.cards) and bool(self.node or self.reserved_node)
+        """Cards are held from the reservation on. A pod that Succeeded holds its cards until
+        every rank of its job has (a rank restarted in place gets them back), then none
+        (``released``, set by :class:`matrixpool.handlers.world.World`)."""
+        return bool(self.cards) and bool(self.node or self.reserved_node) and not self.released
 
 
 def pod_facts(
