@@ -70,7 +70,9 @@ class Pool:
         def probe() -> str | None:
             out = self.kubectl("get", "trainingjob", job, "-n", self.namespace, "-o", "json")
             conditions = (json.loads(out).get("status") or {}).get("conditions") or []
-            scheduled = next((c for c in conditions if c["type"] == "Scheduled"), {})
+            scheduled: dict[str, Any] = next(
+                (c for c in conditions if c["type"] == "Scheduled"), {}
+            )
             if scheduled.get("status") == "False" and scheduled.get("reason") == reason:
                 return str(scheduled["message"])
             return None

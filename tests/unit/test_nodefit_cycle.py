@@ -10,14 +10,14 @@ import dataclasses
 
 from matrixpool.handlers import scheduler, world
 from matrixpool.k8s import convert
-from matrixpool.placement import diagnose, nodefit
+from matrixpool.placement import diagnose, inventory, nodefit
 from tests.unit.recorder import Recorder
 from tests.unit.worlds import CARDS, fixed_world, index, job, pod
 
 ALLOCATABLE = {"cpu": "16", "memory": "64Gi", "pods": "110", CARDS: "8"}
 
 
-def node_object(**spec: object) -> convert.inventory.NodeInfo:
+def node_object(**spec: object) -> inventory.NodeInfo:
     status = {
         "allocatable": ALLOCATABLE,
         "conditions": [{"type": "Ready", "status": "True"}],
@@ -59,7 +59,7 @@ def with_allocatable(seen: world.World, **foreign: dict[str, int]) -> world.Worl
 def test_the_room_is_allocatable_less_foreign_requests_without_cards_and_pod_count() -> None:
     seen = with_allocatable(fixed_world({}, []), n0={"cpu": 4000, CARDS: 2})
     (topology,) = world.topologies(seen)
-    rooms = {slot.name: dict(slot.room or ()) for slot in topology.nodes}
+    rooms = {str(slot.name): dict(slot.room or ()) for slot in topology.nodes}
     assert rooms["n0"] == {"cpu": 12000, "memory": 64 * 1024**3}
     assert rooms["n1"]["cpu"] == 16000
 

@@ -13,6 +13,7 @@ import pytest
 from kubernetes.utils import parse_quantity
 
 from matrixpool.placement import diagnose, engine, model, nodefit, quantities
+from matrixpool.placement.inventory import NodeName
 from tests.builders import gang, holding, supernode
 
 A4 = supernode("sn-a").racks(1, nodes=4).room(cpu="16", memory="64Gi")  # 4 nodes × 8 cards
@@ -63,7 +64,7 @@ def test_quantities_are_read_as_kube_scheduler_reads_them(
 
 @pytest.mark.parametrize("text", ["500m", "2Gi", "1e3", "1.5Ki", "129M", "12E", "0.25", "7Ti"])
 def test_the_pure_parser_agrees_with_the_kubernetes_client(text: str) -> None:
-    assert quantities.parse(text) == Fraction(Decimal(parse_quantity(text)))
+    assert quantities.parse(text) == Fraction(Decimal(parse_quantity(text)))  # type: ignore[no-untyped-call]
 
 
 @pytest.mark.parametrize("text", ["", "abc", "1Gb", "--1", "1e"])
@@ -318,4 +319,4 @@ def test_the_static_filters_run_once_per_distinct_needs() -> None:
     fit = snapshot.layout.fit(request.needs)
     engine.place(snapshot, gang("ns/k").pods(2, cards=8).asks(cpu="1").build())
     assert snapshot.layout.fit(request.needs) is fit
-    assert fit.blocked == (snapshot.layout.index["sn-a-node-00"],)
+    assert fit.blocked == (snapshot.layout.index[NodeName("sn-a-node-00")],)
