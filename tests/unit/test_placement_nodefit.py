@@ -320,3 +320,15 @@ def test_the_static_filters_run_once_per_distinct_needs() -> None:
     engine.place(snapshot, gang("ns/k").pods(2, cards=8).asks(cpu="1").build())
     assert snapshot.layout.fit(request.needs) is fit
     assert fit.blocked == (snapshot.layout.index[NodeName("sn-a-node-00")],)
+
+
+def test_on_a_tie_the_reason_is_the_earlier_filter_as_kube_scheduler_orders_them() -> None:
+    topology = (
+        A4.where(0, lambda n: n.taint("dedicated", "infer"))
+        .where(1, lambda n: n.cordoned())
+        .where(2, lambda n: n.room(cpu="1"))
+        .build()
+    )
+    reason = reason_of(place(topology, gang("ns/j").pods(2, cards=8).asks(cpu="2").build()))
+    assert reason.code == diagnose.NODES_CORDONED
+    assert "1/4 nodes can take a pod" in reason.message

@@ -7,8 +7,8 @@ something besides cards may have kept nodes out: a filter of
 the first thing that keeps it out, in kube-scheduler's order: cordoned, nodeSelector, node
 affinity, taints (all static, :meth:`Layout.fit`), then not ready or held back as a spare, then
 each resource it lacks (a node lacking two counts for both, as kube-scheduler counts them),
-then too few free cards. :meth:`Tally.code` names the reason: the most frequent of these
-constraints, unless nodes without free cards are more.
+then too few free cards. :meth:`Tally.code` names the reason: the constraint that kept out
+the most nodes (the earlier filter on a tie), unless nodes without free cards are more.
 """
 
 from __future__ import annotations
@@ -26,6 +26,13 @@ NODE_SELECTOR_MISMATCH = "NodeSelectorMismatch"  # nodes lack the template's nod
 NODE_AFFINITY_MISMATCH = "NodeAffinityMismatch"  # nodes match no required node affinity term
 NODES_CORDONED = "NodesCordoned"  # nodes are cordoned (spec.unschedulable)
 
+_FIRST = (  # kube-scheduler's filter order: ties go to the earlier filter
+    NODES_CORDONED,
+    NODE_SELECTOR_MISMATCH,
+    NODE_AFFINITY_MISMATCH,
+    UNTOLERATED_TAINT,
+    INSUFFICIENT_RESOURCES,
+)
 NOT_READY = "not ready or without usable cards"
 SPARE = "held back as spare"
 FEW_CARDS = "without enough free cards"
@@ -43,13 +50,15 @@ class Tally:
     def code(self) -> str | None:
         """The code of the most frequent constraint, or None when there is none or nodes
         without enough free cards are more (the cards reason then stands)."""
-        constraints = [(n, w) for w, n in self.counts.items() if _code(w) is not None]
-        if not constraints:
+        codes = Counter[str]()
+        for why, count in self.counts.items():
+            code = _code(why)
+            if code is not None:
+                codes[code] = max(codes[code], count)
+        if not codes:
             return None
-        count, why = max(constraints, key=lambda c: (c[0], c[1]))
-        if self.counts.get(FEW_CARDS, 0) > count:
-            return None
-        return _code(why)
+        count, _, code = max((n, -_FIRST.index(c), c) for c, n in codes.items())
+        return None if self.counts.get(FEW_CARDS, 0) > count else code
 
     def constrained(self) -> bool:
         return any(_code(w) is not None for w in self.counts)
