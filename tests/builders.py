@@ -1,8 +1,10 @@
 """Test builders that read like sentences (after Kueue's testing wrappers).
 
     node("n1").cards(8).rack("r1").unhealthy(3)
+    node("n2").room(cpu="16", memory="64Gi").taint("dedicated", "infer").label("zone", "a")
     supernode("sn-a").racks(12, nodes=4).cards(8).groups([0, 1, 2, 3], [4, 5, 6, 7]).spares(1)
     gang("ns/j").pods(4, cards=8).priority(100).preferred().group_size(2)
+    gang("ns/j").pods(2, cards=8).asks(cpu="10").tolerates("dedicated").selects(zone="a")
     holding("ns/old").on("sn-a-node-00", cards=[0, 1]).priority(5)
 
 Builders are immutable: every call returns a new builder, so a half-built one can be shared
@@ -12,10 +14,10 @@ and extended safely. ``.build()`` gives the frozen model object. Placement tests
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from matrixpool.placement import model
+from matrixpool.placement import model, nodefit, quantities
 from matrixpool.placement.inventory import NodeName
 
 CARD_RESOURCE = "huawei.com/Ascend910"
@@ -32,6 +34,10 @@ class NodeBuilder:
     card_groups: tuple[tuple[int, ...], ...] = ()
     bad: frozenset[int] = frozenset()
     ready: bool = True
+    labels: tuple[tuple[str, str], ...] = ()
+    taints: tuple[nodefit.Taint, ...] = ()
+    resources: nodefit.Resources | None = None
+    unschedulable: bool = False
 
     def cards(self, count: int) -> NodeBuilder:
         return dataclasses.replace(self, count=count)
@@ -51,6 +57,20 @@ class NodeBuilder:
     def in_supernode(self, name: str) -> NodeBuilder:
         return dataclasses.replace(self, supernode=name)
 
+    def room(self, **resources: str) -> NodeBuilder:
+        """What the node leaves to matrixpool's pods besides cards (``cpu="16"``)."""
+        return dataclasses.replace(self, resources=_resources(resources))
+
+    def label(self, key: str, value: str) -> NodeBuilder:
+        return dataclasses.replace(self, labels=tuple(sorted({*self.labels, (key, value)})))
+
+    def taint(self, key: str, value: str = "", effect: str = "NoSchedule") -> NodeBuilder:
+        return dataclasses.replace(self, taints=(*self.taints, nodefit.Taint(key, value, effect)))
+
+    def cordoned(self) -> NodeBuilder:
+        """``kubectl cordon``: no usable cards for new pods, and the cordon noted."""
+        return dataclasses.replace(self, unschedulable=True)
+
     def build(self) -> model.NodeSlot:
         usable = frozenset(model.CardId(c) for c in range(self.count) if c not in self.bad)
         return model.NodeSlot(
@@ -59,7 +79,13 @@ class NodeBuilder:
             domains=self.domains,
             cards=self.count,
             card_groups=tuple(tuple(model.CardId(c) for c in g) for g in self.card_groups),
-            usable=(usable if self.bad else None) if self.ready else frozenset(),
+            usable=(usable if self.bad else None)
+            if self.ready and not self.unschedulable
+            else frozenset(),
+            labels=self.labels,
+            taints=self.taints,
+            room=self.resources,
+            cordoned=self.unschedulable,
         )
 
 
@@ -76,6 +102,8 @@ class SuperNodeBuilder:
     bad: tuple[tuple[int, frozenset[int]], ...] = ()  # (node index, unhealthy cards)
     down: frozenset[int] = frozenset()  # NotReady node indices
     extra: tuple[NodeBuilder, ...] = ()
+    resources: nodefit.Resources | None = None  # every node's room
+    tweaks: tuple[tuple[int, Callable[[NodeBuilder], NodeBuilder]], ...] = ()
 
     def racks(self, count: int, nodes: int) -> SuperNodeBuilder:
         return dataclasses.replace(self, rack_count=count, per_rack=nodes)
@@ -94,6 +122,13 @@ class SuperNodeBuilder:
 
     def not_ready(self, *nodes: int) -> SuperNodeBuilder:
         return dataclasses.replace(self, down=self.down | frozenset(nodes))
+
+    def room(self, **resources: str) -> SuperNodeBuilder:
+        return dataclasses.replace(self, resources=_resources(resources))
+
+    def where(self, index: int, tweak: Callable[[NodeBuilder], NodeBuilder]) -> SuperNodeBuilder:
+        """Node ``index`` changed by ``tweak``: ``.where(0, lambda n: n.cordoned())``."""
+        return dataclasses.replace(self, tweaks=(*self.tweaks, (index, tweak)))
 
     def with_node(self, extra: NodeBuilder) -> SuperNodeBuilder:
         return dataclasses.replace(self, extra=(*self.extra, extra.in_supernode(self.name)))
@@ -115,7 +150,11 @@ class SuperNodeBuilder:
             domains=(f"rack-{k // self.per_rack:02d}",),
             card_groups=self.card_groups,
             bad=frozenset(c for index, cards in self.bad if index == k for c in cards),
+            resources=self.resources,
         )
+        for index, tweak in self.tweaks:
+            if index == k:
+                built = tweak(built)
         return built.not_ready() if k in self.down else built
 
 
@@ -132,6 +171,7 @@ class GangBuilder:
     spread_group: str | None = None
     floor: int | None = None
     preemptible: bool = True
+    needs: nodefit.Needs = nodefit.NO_NEEDS
 
     def pods(self, count: int, cards: int) -> GangBuilder:
         return dataclasses.replace(self, sizes=self.sizes + (cards,) * count)
@@ -157,6 +197,30 @@ class GangBuilder:
     def not_preemptible(self) -> GangBuilder:
         return dataclasses.replace(self, preemptible=False)
 
+    def asks(self, **resources: str) -> GangBuilder:
+        """Each pod requests these besides cards (``cpu="10", memory="8Gi"``)."""
+        return dataclasses.replace(
+            self, needs=dataclasses.replace(self.needs, requests=_resources(resources))
+        )
+
+    def tolerates(self, key: str, value: str = "", effect: str = "") -> GangBuilder:
+        toleration = nodefit.Toleration(key, "Equal" if value else "Exists", value, effect)
+        tolerations = (*self.needs.tolerations, toleration)
+        return dataclasses.replace(
+            self, needs=dataclasses.replace(self.needs, tolerations=tolerations)
+        )
+
+    def selects(self, **labels: str) -> GangBuilder:
+        """A nodeSelector on each pod."""
+        selector = tuple(sorted({*self.needs.node_selector, *labels.items()}))
+        return dataclasses.replace(
+            self, needs=dataclasses.replace(self.needs, node_selector=selector)
+        )
+
+    def requires(self, *terms: nodefit.Term) -> GangBuilder:
+        """Required node affinity: one of ``terms``."""
+        return dataclasses.replace(self, needs=dataclasses.replace(self.needs, affinity=terms))
+
     def build(self) -> model.GangRequest:
         return model.GangRequest(
             gang=model.GangKey(self.key),
@@ -171,6 +235,7 @@ class GangBuilder:
             spread_group=self.spread_group,
             min_pods=self.floor,
             preemptible=self.preemptible,
+            needs=self.needs,
         )
 
 
@@ -184,6 +249,7 @@ class HoldingBuilder:
     cards: tuple[int, ...] = ()
     value: int = 0
     spread_group: str | None = None
+    requests: nodefit.Resources = ()
 
     def pod(self, rank: int) -> HoldingBuilder:
         return dataclasses.replace(self, rank=rank)
@@ -197,6 +263,9 @@ class HoldingBuilder:
     def spread(self, group: str) -> HoldingBuilder:
         return dataclasses.replace(self, spread_group=group)
 
+    def asking(self, **resources: str) -> HoldingBuilder:
+        return dataclasses.replace(self, requests=_resources(resources))
+
     def build(self) -> model.Holding:
         return model.Holding(
             pod=model.PodKey(f"{self.gang}-{self.rank}"),
@@ -205,7 +274,12 @@ class HoldingBuilder:
             cards=frozenset(model.CardId(c) for c in self.cards),
             priority=self.value,
             spread_group=self.spread_group,
+            requests=self.requests,
         )
+
+
+def _resources(resources: dict[str, str]) -> nodefit.Resources:
+    return tuple(sorted((r, quantities.amount(r, q)) for r, q in resources.items()))
 
 
 def node(name: str) -> NodeBuilder:

@@ -80,7 +80,7 @@ def is_anchor(name: str, **kwargs: Any) -> bool:
 async def main_loop(
     stopped: kopf.DaemonStopped,
     node_facts: kopf.Index[str, inventory.NodeInfo],
-    pod_cards: kopf.Index[str, dict[str, int]],
+    foreign_pods: kopf.Index[str, dict[str, int]],
     supernode_models: kopf.Index[str, Any],
     gang_pods: kopf.Index[str, PodFacts],
     training_jobs: kopf.Index[str, workloads.Workload],
@@ -104,7 +104,7 @@ async def main_loop(
         return world.World(
             supernodes=_first(supernode_models),
             nodes=with_endpoints(_all(node_facts), announced),
-            foreign=supernode.Facts.sum_held(pod_cards),
+            foreign=supernode.Facts.sum_held(foreign_pods),
             pods=state.assumed.view(index),
             workloads=[*_all(training_jobs), *_all(inference_services)],
             unreachable=state.recoveries.unreachable(now) | silent,

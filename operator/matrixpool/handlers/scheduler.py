@@ -153,13 +153,23 @@ class Cycle:
             replicas = self.effective(workload)
             if replicas == 0:
                 return []  # suspended by a time-sharing window
-            return [gangs.training_gang(workload.namespace, workload.name, spec, size, replicas)]
+            return [
+                gangs.training_gang(
+                    workload.namespace,
+                    workload.name,
+                    spec,
+                    size,
+                    replicas,
+                    card_resource=self.card_resource(workload),
+                )
+            ]
         assert isinstance(workload.model, inferenceservice.InferenceService)
         return gangs.inference_gangs(
             workload.namespace,
             workload.name,
             workload.model.spec,
             replicas=self.shares.inference.get(workload.key),  # None: not time-shared
+            card_resource=self.card_resource(workload),
         )
 
     # ---- phase 3: pods exist exactly for the wanted gangs ----------------------------------
@@ -379,7 +389,13 @@ class Cycle:
             if waiting is not None and waiting >= spec.priority:
                 continue
             size = self.sizes.get(spec.super_node or "") or max(self.sizes.values(), default=0)
-            full = gangs.training_gang(workload.namespace, workload.name, spec, size)
+            full = gangs.training_gang(
+                workload.namespace,
+                workload.name,
+                spec,
+                size,
+                card_resource=self.card_resource(workload),
+            )
             verdict = engine.place(snapshot, full.request)
             if isinstance(verdict, model.Placement):
                 snapshot.commit(verdict)

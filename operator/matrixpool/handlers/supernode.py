@@ -60,10 +60,11 @@ def daemon_leases(
 
 
 @kopf.index("", "v1", "pods")
-def pod_cards(
+def foreign_pods(
     spec: Mapping[str, Any], status: Mapping[str, Any], labels: Mapping[str, str], **_: Any
 ) -> dict[str, dict[str, int]] | None:
-    held = convert.pod_cards(spec, status, labels)
+    """Node → what each live pod that matrixpool did not place requests there."""
+    held = convert.foreign_requests(spec, status, labels)
     return {spec["nodeName"]: held} if held else None
 
 

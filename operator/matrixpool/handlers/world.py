@@ -133,7 +133,7 @@ class World:
 
     supernodes: dict[str, supernode.SuperNode]
     nodes: list[inventory.NodeInfo]
-    foreign: dict[str, dict[str, int]]  # node → resources held by pods matrixpool did not place
+    foreign: dict[str, dict[str, int]]  # node → requests of pods matrixpool did not place
     pods: dict[str, list[convert.PodFacts]]  # "<ns>/<owner>" → its pods
     workloads: list[Workload]
     unreachable: frozenset[str] = frozenset()  # nodes whose checkpoint daemon does not answer
@@ -218,8 +218,9 @@ def succeeded(world: World, workload: Workload) -> bool:
 
 
 def topologies(world: World) -> list[model.SuperNodeTopology]:
-    """Every SuperNode's nodes and usable cards: ready, healthy, with a daemon and a kubelet
-    heartbeat, less what pods matrixpool did not place hold."""
+    """Every SuperNode's nodes and usable cards: ready, healthy, uncordoned, with a daemon and
+    a kubelet heartbeat, less what pods matrixpool did not place hold; and what placement checks
+    besides cards: labels, taints, cordon and the room left by those pods."""
     result = []
     silent = world.unreachable | world.stale  # no daemon or no kubelet heartbeat: nothing new
     for name, sn in sorted(world.supernodes.items()):
@@ -245,12 +246,39 @@ def topologies(world: World) -> list[model.SuperNodeTopology]:
                 else frozenset()
             )
             domains = tuple(node.labels.get(k, "") for k in spec.topology_keys)
-            slots.append(model.NodeSlot(node.name, name, domains, cards, groups, usable))
+            slots.append(
+                model.NodeSlot(
+                    node.name,
+                    name,
+                    domains,
+                    cards,
+                    groups,
+                    usable,
+                    labels=tuple(sorted(node.labels.items())),
+                    taints=node.taints,
+                    room=_room(node, world.foreign.get(node.name, {}), spec.card_resource),
+                    cordoned=node.cordoned,
+                )
+            )
         slots.sort(key=lambda s: (s.domains, s.name))
         result.append(
             model.SuperNodeTopology(name, spec.card_resource, tuple(slots), spec.spares.nodes)
         )
     return result
+
+
+def _room(
+    node: inventory.NodeInfo, foreign: Mapping[str, int], card_resource: str
+) -> tuple[tuple[str, int], ...]:
+    """What the node's allocatable leaves to matrixpool's pods besides cards, once the pods it
+    did not place have their requests (the pod count is not checked)."""
+    return tuple(
+        sorted(
+            (r, amount - foreign.get(r, 0))
+            for r, amount in node.allocatable.items()
+            if r not in (card_resource, "pods")
+        )
+    )
 
 
 def pinned(world: World, priorities: Mapping[str, int]) -> list[model.Holding]:
@@ -297,6 +325,7 @@ def holdings(world: World) -> list[model.Holding]:
                     cards=frozenset(model.CardId(c) for c in pod.cards),
                     priority=priorities.get(owner, 1 << 30),
                     spread_group=None if training else f"{owner}/{pod.role}",
+                    requests=pod.requests,
                 )
             )
     return result

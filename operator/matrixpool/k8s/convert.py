@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from matrixpool.api import labels as names
-from matrixpool.placement import inventory
+from matrixpool.placement import inventory, nodefit, quantities
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 NODE_ANNOTATION = "matrixpool.dev/node"  # a reserved pod's node while it is being bound
@@ -23,19 +23,25 @@ def node_info(
     status: Mapping[str, Any],
 ) -> inventory.NodeInfo:
     """A Node as the inventory sees it: Ready and schedulable, its extended resources (cards),
-    and the card indices a device plugin or a person marked unhealthy."""
+    the card indices a device plugin or a person marked unhealthy, and what placement checks
+    besides cards (allocatable resources, taints, cordon)."""
     ready = any(
         c.get("type") == "Ready" and c.get("status") == "True"
         for c in status.get("conditions") or []
     )
     unhealthy, _ = inventory.parse_card_list(annotations.get(names.UNHEALTHY_CARDS))
+    cordoned = bool(spec.get("unschedulable", False))
+    allocatable = status.get("allocatable") or {}
     return inventory.NodeInfo(
         name=inventory.NodeName(name),
         labels=dict(labels),
-        ready=ready and not spec.get("unschedulable", False),
-        cards=extended_resources(status.get("allocatable") or {}),
+        ready=ready and not cordoned,
+        cards=extended_resources(allocatable),
         unhealthy=unhealthy,
         down=not ready,
+        allocatable=quantities.amounts(allocatable),
+        taints=nodefit.taints_of(spec.get("taints") or ()),
+        cordoned=cordoned,
     )
 
 
@@ -51,22 +57,17 @@ def extended_resources(resources: Mapping[str, Any]) -> dict[str, int]:
     return counts
 
 
-def pod_cards(
+def foreign_requests(
     spec: Mapping[str, Any], status: Mapping[str, Any], labels: Mapping[str, str]
 ) -> dict[str, int] | None:
-    """Extended resources a bound, live pod that matrixpool did not place holds on its node
-    (kube-scheduler's pods with a device plugin's cards), or None if it holds none."""
+    """What a bound, live pod that matrixpool did not place requests of its node (cpu in
+    millicores, memory, a device plugin's cards...; :func:`nodefit.pod_requests`), or None if
+    it requests nothing."""
     if names.JOB in labels:
         return None
     if not spec.get("nodeName") or status.get("phase") in TERMINAL_PHASES:
         return None
-    held: dict[str, int] = {}
-    for container in spec.get("containers") or []:
-        resources = container.get("resources") or {}
-        requested = resources.get("requests") or resources.get("limits") or {}
-        for key, count in extended_resources(requested).items():
-            held[key] = held.get(key, 0) + count
-    return held or None
+    return nodefit.pod_requests(spec) or None
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,7 @@ class PodFacts:
     restore: str = ""  # annotation matrixpool.dev/restore: what the rank restored from
     uid: str = ""  # metadata.uid: the pod's identity (a re-created pod is another pod)
     released: bool = False  # its job Succeeded: kept for its logs, its cards free (read model)
+    requests: nodefit.Resources = ()  # what it requests of its node (cards included)
 
     @property
     def key(self) -> str:
@@ -136,6 +138,7 @@ def pod_facts(
         ready=ready,
         restore=annotations.get(names.RESTORE, ""),
         uid=str(meta.get("uid") or ""),
+        requests=tuple(sorted(nodefit.pod_requests(spec).items())),
     )
 
 

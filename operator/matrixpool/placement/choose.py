@@ -19,7 +19,8 @@ node of ``u`` usable cards changes it by ``u - c``. Every choice here minimises,
 Inside a node, :class:`matrixpool.placement.cards.Fitter` keeps a request no bigger than a card
 group inside one group. Inference replicas (``spread_group``) first pick the rack holding the
 fewest pods of their group, then apply the order above. ``group_size`` ranks share one rack:
-the rack that still holds them with the least room to spare.
+the rack that still holds them with the least room to spare. Nodes a pod of the gang may not
+go to (``Snapshot.restrict``) show no free cards here.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def place_pods(
         hit = _spread_choice(snap, s, pod.cards, spread) if spread else _choice(snap, s, pod.cards)
         if hit is None:
             return placed
-        _put(snap, hit, pod, spread, out)
+        _put(snap, hit, pod, gang, out)
     return len(pods)
 
 
@@ -136,7 +137,7 @@ def _by_rank_groups(
     for start in range(0, len(pods), group):
         chunk = pods[start : start + group]
         r = _rack_for(snap, s, chunk, gang.spread_group)
-        if r is None or not _fill_rack(snap, r, chunk, gang.spread_group, out):
+        if r is None or not _fill_rack(snap, r, chunk, gang, out):
             return start
     return len(pods)
 
@@ -166,7 +167,7 @@ def _fill_rack(
     snap: Snapshot,
     r: int,
     chunk: Sequence[PodRequest],
-    spread: str | None,
+    gang: GangRequest,
     out: list[Assignment],
 ) -> bool:
     mark, length = snap.mark(), len(out)
@@ -178,15 +179,16 @@ def _fill_rack(
             snap.undo(mark)
             del out[length:]
             return False
-        _put(snap, hit, pod, spread, out)
+        _put(snap, hit, pod, gang, out)
     return True
 
 
 def _put(
-    snap: Snapshot, hit: Hit, pod: PodRequest, spread: str | None, out: list[Assignment]
+    snap: Snapshot, hit: Hit, pod: PodRequest, gang: GangRequest, out: list[Assignment]
 ) -> None:
     i, mask = hit
-    snap.take(i, mask, spread)
+    snap.take(i, mask, gang.spread_group)
+    snap.placed(i, gang.needs)
     layout = snap.layout
     out.append(
         Assignment(

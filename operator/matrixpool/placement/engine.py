@@ -16,7 +16,11 @@ Rules of DESIGN.md's scheduling contract, and where they live:
   fewest supernodes (:func:`_fewest_supernodes`);
 - whole nodes first, card groups, spread of inference replicas across racks, ``group_size``
   ranks in one rack, lowest fragmentation on ties: :mod:`matrixpool.placement.choose`;
-- spares, unhealthy cards and NotReady nodes are never in the snapshot's free cards;
+- spares, unhealthy cards, NotReady and cordoned nodes are never in the snapshot's free cards;
+- what a pod asks of a node besides cards (resources, taints, nodeSelector, required node
+  affinity: :mod:`matrixpool.placement.nodefit`): ``Snapshot.restrict`` hides the nodes a pod
+  of the gang may not go to, and a gang that does not fit says which of these kept nodes out
+  (:mod:`matrixpool.placement.diagnose`);
 - preemption of strictly lower priorities: :mod:`matrixpool.placement.preemption`.
 
 Pods of a gang that already hold cards (a gang half-bound when the operator died) keep them;
@@ -28,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 
-from matrixpool.placement import choose, firstfit, preemption, servable
+from matrixpool.placement import choose, diagnose, firstfit, nodefit, preemption, servable
 from matrixpool.placement.model import (
     Affinity,
     Assignment,
@@ -87,6 +91,7 @@ def place(snapshot: Snapshot, gang: GangRequest) -> Placement | Unplaceable:
     pending = tuple(p for p in gang.pods if p.pod not in kept)
     # 3. tentative placement: one supernode if one holds the gang, else span (Preferred)
     with snapshot.tentative():
+        snapshot.restrict(gang.needs)
         placed = _place_tentatively(snapshot, gang, pending, kept)
     # 4. what was done is discarded; the answer says what to commit
     if placed is None:
@@ -231,10 +236,37 @@ def _placement(
         tuple(by_pod[p.pod] for p in gang.pods),
         priority=gang.priority,
         spread_group=gang.spread_group,
+        requests=gang.needs.requests,
     )
 
 
 def _why(snap: Snapshot, gang: GangRequest, pending: Sequence[PodRequest]) -> Reason:
+    """A constraint that kept nodes out, when one did (``diagnose``); else the cards reason."""
+    cards = _cards_why(snap, gang, pending)
+    fit = snap.layout.fit(gang.needs)
+    if not (fit.why or fit.short or gang.needs.requests):
+        return cards
+    layout = snap.layout
+    named = layout.sn_index.get(gang.supernode) if gang.supernode else None
+    scope = range(len(layout.sn_names)) if named is None else (named,)
+    size = max((p.cards for p in pending), default=1)
+    tally = diagnose.tally(snap, gang.needs, size, scope)
+    if not tally.constrained():
+        return cards
+    code = tally.code()
+    if code is None:
+        return Reason(cards.code, f"{cards.message}; {tally.summary()}")
+    asks = nodefit.describe(gang.needs.requests)
+    where = f"supernode {gang.supernode}" if named is not None else "all supernodes"
+    return Reason(
+        code,
+        f"no room for {_shape(gang, pending)}"
+        + (f" ({asks} each)" if asks else "")
+        + f" in {where}: {tally.summary()}",
+    )
+
+
+def _cards_why(snap: Snapshot, gang: GangRequest, pending: Sequence[PodRequest]) -> Reason:
     """InsufficientCards when the candidates lack free cards, else Fragmented."""
     need = sum(p.cards for p in pending)
     shape = _shape(gang, pending)
@@ -304,7 +336,7 @@ def _scopes(
 
 def _held_below(snap: Snapshot, gang: GangKey, priority: int) -> bool:
     pods = snap.held.get(gang, {})
-    return bool(pods) and all(p < priority for _, _, p, _ in pods.values())
+    return bool(pods) and all(held[2] < priority for held in pods.values())
 
 
 def _cards_in(snap: Snapshot, gang: GangKey, s: int) -> int:
@@ -312,7 +344,7 @@ def _cards_in(snap: Snapshot, gang: GangKey, s: int) -> int:
     layout = snap.layout
     return sum(
         (mask & layout.usable[i]).bit_count()
-        for i, mask, _, _ in snap.held.get(gang, {}).values()
+        for i, mask, *_ in snap.held.get(gang, {}).values()
         if i >= 0 and layout.node_sn[i] == s and layout.node_rack[i] >= 0
     )
 

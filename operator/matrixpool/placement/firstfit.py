@@ -3,8 +3,9 @@
 Pure. ``benchmarks/placement.py`` places the same stream of gangs with :class:`FirstFit` and
 with the engine. First fit puts each pod on the first node, in name order over all supernodes,
 with enough free cards, taking its lowest free card ids: no supernode affinity, racks, card
-groups, spread or best fit. It keeps what any placement must keep (gangs all-or-nothing; spares,
-unhealthy cards and NotReady nodes untouched) by working on the same :class:`Snapshot`.
+groups, spread, best fit, nor what pods ask of nodes besides cards (``nodefit``). It keeps
+what any placement must keep (gangs all-or-nothing; spares, unhealthy cards and NotReady nodes
+untouched) by working on the same :class:`Snapshot`.
 
 A max-segment tree over the nodes' free-card counts, in name order, finds "the first node with
 at least ``c`` free cards" in O(log nodes) instead of a scan of every node.
@@ -71,7 +72,7 @@ class FirstFit:
 
     def release(self, gang: GangKey) -> None:
         snapshot = self.snapshot
-        nodes = [i for i, _, _, _ in snapshot.held.get(gang, {}).values() if i >= 0]
+        nodes = [held[0] for held in snapshot.held.get(gang, {}).values() if held[0] >= 0]
         snapshot.release(gang)
         for i in nodes:
             self._update(self.position[i])

@@ -9,6 +9,8 @@ Rules:
   split into whole-node pods (``cardsPerReplica`` must then be a multiple of the node size).
 - An InferenceService is one gang per (role, replica): ``podsPerReplica`` pods of
   ``cardsPerPod`` cards; replicas of one role spread across racks.
+- Every pod of a gang asks of its node what its pod template asks besides cards (resources,
+  tolerations, nodeSelector, required node affinity: :func:`nodefit.needs_of`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from matrixpool.api import inferenceservice, trainingjob
-from matrixpool.placement import model
+from matrixpool.placement import model, nodefit
 
 TRAINER_ROLE = "trainer"
 
@@ -72,8 +74,10 @@ def training_gang(
     spec: trainingjob.TrainingJobSpec,
     cards_per_node: int | None,
     replicas: int | None = None,
+    card_resource: str = "",
 ) -> Gang:
-    """The gang of a TrainingJob running ``replicas`` (default: spec.replicas) ranks."""
+    """The gang of a TrainingJob running ``replicas`` (default: spec.replicas) ranks;
+    ``card_resource`` is left out of what its template asks of nodes."""
     count = spec.replicas if replicas is None else replicas
     per_replica, cards = pods_per_replica(spec.cards_per_replica, cards_per_node)
     key = model.GangKey(f"{namespace}/{name}")
@@ -100,6 +104,7 @@ def training_gang(
         affinity=model.Affinity(spec.placement.super_node_affinity.value),
         group_size=group * per_replica if group else None,
         min_pods=spec.min_replicas * per_replica,
+        needs=nodefit.needs_of(spec.template, card_resource),
     )
     return Gang(request, pods, name, trainingjob.KIND, TRAINER_ROLE)
 
@@ -109,10 +114,12 @@ def inference_gangs(
     name: str,
     spec: inferenceservice.InferenceServiceSpec,
     replicas: Mapping[str, int] | None = None,
+    card_resource: str = "",
 ) -> list[Gang]:
     """One gang per (role, replica); ``replicas`` overrides a role's count (time-sharing)."""
     gangs = []
     for role in spec.roles:
+        needs = nodefit.needs_of(role.template, card_resource)
         count = role.replicas if replicas is None else replicas.get(role.name, role.replicas)
         for replica in range(count):
             key = model.GangKey(f"{namespace}/{name}/{role.name}/{replica}")
@@ -139,6 +146,7 @@ def inference_gangs(
                 spread_group=f"{namespace}/{name}/{role.name}",
                 preemptible=True,
                 cards_field=f"spec.roles[{role.name}].cardsPerPod",
+                needs=needs,
             )
             gangs.append(Gang(request, pods, name, inferenceservice.KIND, role.name))
     return gangs

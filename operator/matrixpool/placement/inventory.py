@@ -11,6 +11,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NewType
 
+from matrixpool.placement import nodefit
+
 NodeName = NewType("NodeName", str)
 
 
@@ -83,6 +85,9 @@ class NodeInfo:
     unhealthy: frozenset[int] = frozenset()  # card indices from matrixpool.dev/unhealthy-cards
     endpoint: str = ""  # the checkpoint daemon's host:port, from its Lease (k8s.daemonleases)
     down: bool = False  # Ready False or Unknown (a cordoned node is not ready, but not down)
+    allocatable: Mapping[str, int] = field(default_factory=dict)  # all of it; cpu in millicores
+    taints: tuple[nodefit.Taint, ...] = ()  # spec.taints
+    cordoned: bool = False  # spec.unschedulable: no new pods; not a fault for recovery
 
 
 @dataclass(frozen=True)

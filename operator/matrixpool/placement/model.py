@@ -13,6 +13,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import NewType
 
+from matrixpool.placement import nodefit
 from matrixpool.placement.inventory import NodeName
 
 CardId = NewType("CardId", int)  # index of a card on its node, 0..cards-1
@@ -37,6 +38,10 @@ class NodeSlot:
     cards: int  # cards on the node (allocatable of the card resource)
     card_groups: tuple[tuple[CardId, ...], ...] = ()  # intra-node link groups; () = one group
     usable: frozenset[CardId] | None = None  # healthy cards of a Ready node; None = all cards
+    labels: tuple[tuple[str, str], ...] = ()  # the Node's labels, for nodeSelector and affinity
+    taints: tuple[nodefit.Taint, ...] = ()  # the Node's spec.taints
+    room: nodefit.Resources | None = None  # allocatable less foreign pods' requests; None: any
+    cordoned: bool = False  # spec.unschedulable: no new pods (its usable cards are then empty)
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,7 @@ class Holding:
     cards: frozenset[CardId]
     priority: int
     spread_group: str | None = None  # the pod's GangRequest.spread_group (inference role)
+    requests: nodefit.Resources = ()  # what the pod requests of its node besides cards
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,7 @@ class GangRequest:
     min_pods: int | None = None  # elastic floor: may shrink to this many pods (drop high ranks)
     preemptible: bool = True  # may lose cards to strictly higher priorities
     cards_field: str = "spec.cardsPerReplica"  # spec field of the pod cards, named in reasons
+    needs: nodefit.Needs = nodefit.NO_NEEDS  # what each pod asks of its node besides cards
 
 
 @dataclass(frozen=True)
@@ -103,6 +110,7 @@ class Placement:
     assignments: tuple[Assignment, ...]
     priority: int = 0  # the gang's priority, recorded with its holdings on commit
     spread_group: str | None = None  # the gang's spread group, recorded on commit
+    requests: nodefit.Resources = ()  # each pod's requests besides cards, recorded on commit
 
     @property
     def supernodes(self) -> tuple[str, ...]:
@@ -113,7 +121,7 @@ class Placement:
 class Reason:
     """Why a gang does not fit: a CamelCase code for conditions and Events, and a sentence."""
 
-    code: str  # e.g. UnknownSuperNode, InsufficientCards, CardGroupMismatch, NodeTooSmall
+    code: str  # e.g. UnknownSuperNode, InsufficientCards, NodeTooSmall, InsufficientResources
     message: str
 
 

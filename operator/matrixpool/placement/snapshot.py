@@ -14,7 +14,15 @@ on every change so no gang scans the whole cluster:
 - per rack (finest topology domain) and per supernode: free cards, the set of *empty* nodes
   (every usable card free) and of *partially used* nodes (some usable cards held, some free),
   and per rack the pods of each spread group it holds;
-- per supernode a version, bumped on every change, that keys a capacity cache.
+- per supernode a version, bumped on every change, that keys a capacity cache;
+- ``used[i]``: what the pods held on node ``i`` request of the resources its room tracks.
+
+What a pod asks of a node besides cards (:class:`~matrixpool.placement.nodefit.Needs`) is
+filtered once per distinct value and cycle (:meth:`Layout.fit`); :meth:`Snapshot.restrict`
+then takes away, inside a tentative change, the free cards of every node such a pod cannot go
+to, and :meth:`Snapshot.placed` those of a node whose room one more pod would overrun — so
+the engine's searches see only nodes the gang may use, at no cost for gangs that ask nothing
+of nodes without taints.
 
 Changes made inside :meth:`Snapshot.tentative` are journalled and undone when it ends: the
 engine places a gang there and the gang either fits whole or leaves no trace (Volcano's
@@ -26,9 +34,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from matrixpool.placement import cards, inventory, servable
+from matrixpool.placement import cards, inventory, nodefit, servable
 from matrixpool.placement.inventory import NodeName
 from matrixpool.placement.model import (
     Assignment,
@@ -41,9 +49,12 @@ from matrixpool.placement.model import (
     SuperNodeTopology,
 )
 
-Held = tuple[int, int, int, str | None]  # (node index or -1, card mask, priority, spread group)
+# (node index or -1, card mask, priority, spread group, requests besides cards)
+Held = tuple[int, int, int, str | None, nodefit.Resources]
 _Change = tuple[int, int, str | None, int]  # (node, free before, spread group, +1/-1 pods)
 _HeldChange = tuple[GangKey, PodKey, Held | None]  # (gang, pod, what it held before)
+_UsedChange = tuple[int, dict[str, int] | None]  # (node, its used resources before)
+CORDONED = "cordoned"  # why a node is out, in reasons
 
 
 class StaleSnapshotError(ValueError):
@@ -74,6 +85,16 @@ class Stats:
         return self.stranded / self.free if self.free else 0.0
 
 
+@dataclass(frozen=True)
+class Fit:
+    """Which nodes a pod of one :class:`~matrixpool.placement.nodefit.Needs` may go to, as far
+    as the static facts of the cycle tell (:meth:`Layout.fit`)."""
+
+    why: dict[int, str] = field(default_factory=dict)  # node → why it is out (cordon, taint...)
+    short: dict[int, list[str]] = field(default_factory=dict)  # node → resources its room lacks
+    blocked: tuple[int, ...] = ()  # placeable nodes in ``why`` or ``short``
+
+
 class Layout:
     """The static tree flattened into arrays indexed by node, rack and supernode number.
 
@@ -98,6 +119,10 @@ class Layout:
         self.rack_sn: list[int] = []  # rack → supernode
         self.rack_uniform: list[tuple[cards.Fitter, int] | None] = []  # (fitter, usable) shared
         self.sn_racks: list[tuple[int, ...]] = []  # supernode → its racks
+        self.sn_nodes: list[range] = []  # supernode → its nodes
+        self.slots: list[NodeSlot] = []  # node → its slot (labels, taints, cordon)
+        self.room: list[dict[str, int] | None] = []  # node → resources left; None: not tracked
+        self._fits: dict[nodefit.Needs, Fit] = {}
         for s, topology in enumerate(self.topologies):
             self._add_supernode(s, topology)
         self.summaries = servable.summaries(self.topologies)  # name → static summary
@@ -106,8 +131,11 @@ class Layout:
     def _add_supernode(self, s: int, topology: SuperNodeTopology) -> None:
         spare = set(self.spares[topology.name])
         racks: dict[tuple[str, ...], list[int]] = {}
+        start = len(self.names)
         for slot in sorted(topology.nodes, key=lambda n: (n.domains, n.name)):
             i = len(self.names)
+            self.slots.append(slot)
+            self.room.append(None if slot.room is None else dict(slot.room))
             full = (1 << slot.cards) - 1
             usable = full if slot.usable is None else cards.mask_of(slot.usable) & full
             self.names.append(slot.name)
@@ -119,6 +147,7 @@ class Layout:
             self.node_rack.append(-1)
             if placeable:
                 racks.setdefault(slot.domains, []).append(i)
+        self.sn_nodes.append(range(start, len(self.names)))
         first = len(self.rack_nodes)
         for nodes in racks.values():
             for i in nodes:
@@ -127,6 +156,31 @@ class Layout:
             self.rack_sn.append(s)
             self.rack_uniform.append(self._uniform(nodes))
         self.sn_racks.append(tuple(range(first, len(self.rack_nodes))))
+
+    def fit(self, needs: nodefit.Needs) -> Fit:
+        """The static filters applied to every node, once per distinct ``needs`` (memoised)."""
+        known = self._fits.get(needs)
+        if known is None:
+            known = self._fits[needs] = self._filter(needs)
+        return known
+
+    def _filter(self, needs: nodefit.Needs) -> Fit:
+        why: dict[int, str] = {}
+        short: dict[int, list[str]] = {}
+        plain = needs == nodefit.NO_NEEDS
+        for i, slot in enumerate(self.slots):
+            reason = CORDONED if slot.cordoned else None
+            if reason is None and (not plain or slot.taints):
+                reason = needs.mismatch(slot.name, dict(slot.labels), slot.taints)
+            room = self.room[i]
+            if reason is not None:
+                why[i] = reason
+            elif needs.requests and room is not None:
+                lacking = nodefit.short(needs.requests, room, {})
+                if lacking:
+                    short[i] = lacking
+        placeable = sorted(i for i in (*why, *short) if self.node_rack[i] >= 0)
+        return Fit(why, short, tuple(placeable))
 
     def _uniform(self, nodes: list[int]) -> tuple[cards.Fitter, int] | None:
         kinds = {(id(self.fitters[i]), self.usable[i]) for i in nodes}
@@ -149,8 +203,9 @@ class Snapshot:
         self.sn_partial: list[set[int]] = [set() for _ in range(supernodes)]
         self.sn_version = [0] * supernodes
         self.held: dict[GangKey, dict[PodKey, Held]] = {}
+        self.used: dict[int, dict[str, int]] = {}  # node → requests held (never mutated: replaced)
         self._capacities: dict[tuple[int, int, int], tuple[int, int]] = {}
-        self._journal: list[_Change | _HeldChange] = []
+        self._journal: list[_Change | _HeldChange | _UsedChange] = []
         self._depth = 0
 
     # ---- building and copying -------------------------------------------------------------
@@ -165,9 +220,8 @@ class Snapshot:
         snapshot = cls(layout)
         for h in held:
             node = layout.index.get(h.node, -1)
-            snapshot._hold(
-                h.gang, h.pod, (node, cards.mask_of(h.cards), h.priority, h.spread_group)
-            )
+            held_as = (node, cards.mask_of(h.cards), h.priority, h.spread_group, h.requests)
+            snapshot._hold(h.gang, h.pod, held_as)
         return snapshot
 
     def copy(self) -> Snapshot:
@@ -183,6 +237,7 @@ class Snapshot:
         other.sn_partial = [set(s) for s in self.sn_partial]
         other.sn_version = list(self.sn_version)
         other.held = {g: dict(p) for g, p in self.held.items()}
+        other.used = dict(self.used)
         other._capacities = dict(self._capacities)
         other._journal = []
         other._depth = 0
@@ -208,12 +263,13 @@ class Snapshot:
         """Every holding, as :meth:`build` would take it back."""
         names = self.layout.names
         for gang, pods in sorted(self.held.items()):
-            for pod, (i, mask, priority, spread) in sorted(pods.items()):
+            for pod, (i, mask, priority, spread, requests) in sorted(pods.items()):
                 node = names[i] if i >= 0 else NodeName("")
-                yield Holding(pod, gang, node, frozenset(cards.cards_of(mask)), priority, spread)
+                taken = frozenset(cards.cards_of(mask))
+                yield Holding(pod, gang, node, taken, priority, spread, requests)
 
     def held_cards(self, gang: GangKey) -> int:
-        return sum(mask.bit_count() for _, mask, _, _ in self.held.get(gang, {}).values())
+        return sum(held[1].bit_count() for held in self.held.get(gang, {}).values())
 
     def stats(self) -> Stats:
         """Utilization and fragmentation of the whole snapshot (scans every node)."""
@@ -265,7 +321,8 @@ class Snapshot:
                 self._unhold(placement.gang, a.pod)
             if self.free[i] & mask != mask:
                 raise StaleSnapshotError(f"cards {list(a.cards)} of node {a.node} are not free")
-            self._hold(placement.gang, a.pod, (i, mask, placement.priority, placement.spread_group))
+            held = (i, mask, placement.priority, placement.spread_group, placement.requests)
+            self._hold(placement.gang, a.pod, held)
 
     def release(self, gang: GangKey) -> None:
         """Give back every card ``gang`` holds (an eviction, simulated or real)."""
@@ -284,7 +341,7 @@ class Snapshot:
             pod: Assignment(
                 pod, layout.names[i], cards.cards_of(mask), layout.sn_names[layout.node_sn[i]]
             )
-            for pod, (i, mask, _, _) in self.held.get(gang, {}).items()
+            for pod, (i, mask, *_) in self.held.get(gang, {}).items()
             if i >= 0
         }
 
@@ -301,9 +358,10 @@ class Snapshot:
         pods[pod] = held
         if self._depth:
             self._journal.append((gang, pod, None))
-        i, mask, _, spread = held
+        i, mask, _, spread, requests = held
         if i >= 0:
             self.take(i, mask, spread)
+            self._use(i, requests, 1)
 
     def _unhold(self, gang: GangKey, pod: PodKey) -> None:
         pods = self.held[gang]
@@ -312,9 +370,10 @@ class Snapshot:
             del self.held[gang]
         if self._depth:
             self._journal.append((gang, pod, held))
-        i, mask, _, spread = held
+        i, mask, _, spread, requests = held
         if i >= 0:
             self.give(i, mask, spread)
+            self._use(i, requests, -1)
 
     # ---- the hot path: one pod's cards taken or given back --------------------------------
 
@@ -362,6 +421,52 @@ class Snapshot:
             self.rack_partial[r].add(i)
             self.sn_partial[s].add(i)
 
+    # ---- what pods ask of nodes besides cards --------------------------------------------
+
+    def restrict(self, needs: nodefit.Needs) -> None:
+        """Inside :meth:`tentative`: take away the free cards of every node a pod of ``needs``
+        cannot go to (filtered out, or without room for one more such pod)."""
+        assert self._depth, "restrict only inside a tentative change"
+        free = self.free
+        for i in self.layout.fit(needs).blocked:
+            if free[i]:
+                self.take(i, free[i], None)
+        if needs.requests:
+            for i in list(self.used):
+                if free[i] and self.lacking(i, needs.requests):
+                    self.take(i, free[i], None)
+
+    def placed(self, i: int, needs: nodefit.Needs) -> None:
+        """A pod of ``needs`` went to node ``i``: count its requests, and take away the node's
+        other free cards when no further such pod would fit."""
+        if not needs.requests:
+            return
+        self._use(i, needs.requests, 1)
+        if self.free[i] and self.lacking(i, needs.requests):
+            self.take(i, self.free[i], None)
+
+    def lacking(self, i: int, requests: nodefit.Resources) -> list[str]:
+        """The resources of which node ``i`` has less left than ``requests``."""
+        room = self.layout.room[i]
+        if room is None or not requests:
+            return []
+        return nodefit.short(requests, room, self.used.get(i, {}))
+
+    def _use(self, i: int, requests: nodefit.Resources, sign: int) -> None:
+        room = self.layout.room[i]
+        if room is None or not requests:
+            return
+        tracked = [(r, a) for r, a in requests if r in room]
+        if not tracked:
+            return
+        before = self.used.get(i)
+        after = dict(before or {})
+        for r, a in tracked:
+            after[r] = after.get(r, 0) + sign * a
+        if self._depth:
+            self._journal.append((i, before))
+        self.used[i] = after
+
     # ---- tentative changes ----------------------------------------------------------------
 
     @contextmanager
@@ -384,7 +489,13 @@ class Snapshot:
         journal = self._journal
         while len(journal) > mark:
             change = journal.pop()
-            if len(change) == 4:
+            if len(change) == 2:
+                node, used = change
+                if used is None:
+                    self.used.pop(node, None)
+                else:
+                    self.used[node] = used
+            elif len(change) == 4:
                 i, before, spread, pods = change
                 self._set(i, self.free[i], before, spread, -pods)
             else:
