@@ -26,8 +26,9 @@ Rules (each a small named function below):
   source: memory on its own node > memory on another node (peer copies) > disk on its own node
   > disk on another node > persistent. Reschedule knows no node yet, so it never counts a copy
   as "own node". Invalid (corrupt, partial) copies are skipped.
-* No checkpoint yet (no copy of any rank at any step, valid or not, and no step ever known
-  committed: ``newest_saved_step`` None): the gang restarts from step 0 at the cheapest
+* No checkpoint yet (no copy of any rank at any step, valid or not, no step ever known
+  committed: ``newest_saved_step`` None, and every daemon asked answered, none of the faults
+  a silent daemon): the gang restarts from step 0 at the cheapest
   allowed level its damage allows (``Plan.restored_step`` None, ``Plan.fresh``). Nothing that
   was ever committed is lost. Copies that exist without a step common to every rank, or a
   step once committed that no longer survives, are a real loss: ``Failed``, as before (the
@@ -175,13 +176,16 @@ def decide(
     spares: Spares,
     *,
     newest_saved_step: int | None = None,
+    all_answered: bool = True,
 ) -> Plan | Failed:
     """The cheapest allowed recovery that the surviving copies and free spares allow.
 
     ``fault`` may be several faults detected together (two nodes of a rack at once): they
     are decided as one recovery. ``newest_saved_step`` is the newest step any rank saved
     (status.checkpoints.memory before the fault); it feeds ``Plan.lost_steps``, and None
-    with no copy at all means the job has no checkpoint yet (:func:`_never_checkpointed`).
+    with no copy at all means the job has no checkpoint yet (:func:`_never_checkpointed`) —
+    but only when ``all_answered``: every daemon asked for ``copies`` answered (a silent one
+    may hold the only copies: no copy reported is then no proof that none exists).
     """
     faults = (fault,) if isinstance(fault, Fault) else tuple(fault)
     # 1. Budget: maxRecoveries reached stops here.
@@ -194,7 +198,7 @@ def decide(
     # 2. Damage: lost nodes, ranks that must move, ranks to restart.
     damage = _damage(faults, job)
     held = tuple(copies)
-    fresh = _never_checkpointed(held, newest_saved_step)
+    fresh = all_answered and not _silent(faults) and _never_checkpointed(held, newest_saved_step)
     # 3. Levels, cheapest first, among the allowed ones; the first that restores wins.
     refusals = []
     for level in ALL_LEVELS:
@@ -212,6 +216,11 @@ def _never_checkpointed(copies: Collection[Copy], newest_saved_step: int | None)
     """Rule: a job with no checkpoint yet restarts from step 0 — no copy of any rank at any
     step (valid or not) is reported and no step was ever known committed."""
     return not copies and newest_saved_step is None
+
+
+def _silent(faults: Collection[Fault]) -> bool:
+    """A daemon that does not answer may hold copies nobody reported."""
+    return any(f.kind == FaultKind.DAEMON_UNREACHABLE for f in faults)
 
 
 def _cause(faults: Collection[Fault]) -> str:

@@ -347,7 +347,9 @@ def test_every_daemon_is_told_peers_in_another_rack_as_many_as_its_jobs_copy_to(
     assert all(rack[p[0]] != rack[d] for d, p in second.items()), second
 
 
-def test_a_daemon_that_started_again_or_did_not_answer_is_told_again() -> None:
+def test_a_daemon_that_started_again_or_did_not_answer_is_told_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     executor, memory = Recorder(), peers.Memory()
     executor.healthy[endpoint("n3")] = False  # refuses the list
     seen = fixed_world({}, [])
@@ -360,6 +362,9 @@ def test_a_daemon_that_started_again_or_did_not_answer_is_told_again() -> None:
     assert endpoint("n3") not in executor.peers
     executor.peers.clear()
     executor.healthy[endpoint("n3")] = True
+    asyncio.run(once({}))
+    assert executor.peers == {}, "a daemon that refused is not asked again at once"
+    monkeypatch.setattr(peers, "RETRY_SECONDS", 0.0)
     asyncio.run(once({"n1": 5.0}))  # n1's daemon restarted (its Lease's acquireTime moved)
     assert set(executor.peers) == {endpoint("n1"), endpoint("n3")}, "only those two again"
     executor.peers.clear()

@@ -383,6 +383,25 @@ def test_a_job_that_saved_something_does_not_restart_from_step_0(
     assert words in failed.reason
 
 
+@pytest.mark.parametrize(
+    ("faults", "all_answered"),
+    [
+        pytest.param(
+            [Fault(FaultKind.DAEMON_UNREACHABLE, N("n2"))],
+            True,
+            id="a silent daemon may hold the only copies",
+        ),
+        pytest.param([pod_failed("n2", 1)], False, id="a daemon asked did not answer"),
+    ],
+)
+def test_no_copy_reported_is_no_proof_of_no_checkpoint_when_a_daemon_is_silent(
+    faults: list[Fault], all_answered: bool
+) -> None:
+    failed = policy.decide(faults, gang("n1", "n2"), [], policy.Spares(), all_answered=all_answered)
+    assert isinstance(failed, policy.Failed), "never a fresh start that could lose a step"
+    assert failed.code == "RecoveryImpossible"
+
+
 def test_a_job_with_no_checkpoint_yet_still_fails_out_of_recoveries() -> None:
     job = gang("n1", "n2", recoveries=2, max_recoveries=2)
     failed = policy.decide(pod_failed("n2", 1), job, [], policy.Spares())

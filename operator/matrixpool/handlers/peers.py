@@ -16,12 +16,13 @@ of the daemon's list; a restoring trainer reads the peers from its node's daemon
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import structlog
 
-from matrixpool import metrics
+from matrixpool import clock, metrics
 from matrixpool.api import common, labels, trainingjob
 from matrixpool.handlers import background
 from matrixpool.handlers import world as read_model
@@ -34,14 +35,16 @@ from matrixpool_recovery import policy
 log = structlog.get_logger(__name__)
 
 Told = tuple[str, float, tuple[str, ...]]  # (daemon endpoint, when it started, peer endpoints)
+RETRY_SECONDS = 2.0  # a daemon that did not take its list is asked again after this
 
 
 @dataclass
 class Memory:
-    """What each daemon was told (by node), and the task telling them. Owned by the main loop;
-    losing it costs one round of telling every daemon again."""
+    """What each daemon was told (by node), when telling one last failed, and the task telling
+    them. Owned by the main loop; losing it costs one round of telling every daemon again."""
 
     told: dict[str, Told] = field(default_factory=dict)
+    failed: dict[str, float] = field(default_factory=dict)  # node → monotonic time of failure
     tasks: background.Tasks = field(default_factory=background.Tasks)
 
 
@@ -90,9 +93,15 @@ def run(
     act: executor.Executor,
     started: Mapping[str, float],
 ) -> None:
-    """Tell the daemons whose peers changed (or that started again), in the background."""
+    """Tell the daemons whose peers changed (or that started again), in the background; a
+    daemon that did not take its list is asked again after :data:`RETRY_SECONDS`."""
+    now = clock.SYSTEM.monotonic()
     wanted = plan(world, started)
-    changed = {n: t for n, t in wanted.items() if memory.told.get(n) != t}
+    changed = {
+        n: t
+        for n, t in wanted.items()
+        if memory.told.get(n) != t and now - memory.failed.get(n, float("-inf")) >= RETRY_SECONDS
+    }
     for node in set(memory.told) - set(wanted):
         del memory.told[node]  # gone, down or silent: told again when it is back
     if changed and not memory.tasks.busy("peers"):
@@ -100,11 +109,23 @@ def run(
 
 
 async def tell(changed: Mapping[str, Told], memory: Memory, act: executor.Executor) -> None:
-    for node, told in sorted(changed.items()):
-        endpoint, _, chosen = told
-        if await act.set_peers(endpoint, list(chosen)):
-            memory.told[node] = told
+    nodes = sorted(changed)
+    took = await asyncio.gather(*(act.set_peers(changed[n][0], list(changed[n][2])) for n in nodes))
+    refused = []
+    for node, ok in zip(nodes, took, strict=True):
+        if ok:
+            memory.told[node] = changed[node]
+            memory.failed.pop(node, None)
             metrics.PEER_ASSIGNMENTS.inc()
         else:
-            log.warning("could not tell a daemon its peers; trying again", node=node)
-    log.info("told daemons their tier-1 peers", daemons=len(changed))
+            memory.failed[node] = clock.SYSTEM.monotonic()
+            refused.append(node)
+    if refused:
+        log.warning(
+            "daemons did not take their tier-1 peers; asking again",
+            nodes=refused[:8],
+            count=len(refused),
+            retry_seconds=RETRY_SECONDS,
+        )
+    if len(refused) < len(nodes):
+        log.info("told daemons their tier-1 peers", daemons=len(nodes) - len(refused))

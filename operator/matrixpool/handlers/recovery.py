@@ -455,7 +455,14 @@ async def start(
         known = (newest_saved(workload, state), found.newest_complete(view.world_size))
         saved = max((s for s in known if s is not None), default=None)
         copies = list(copies_of(found.timeline(), view))
-        outcome = policy.decide(faults, view, copies, spares, newest_saved_step=saved)
+        outcome = policy.decide(
+            faults,
+            view,
+            copies,
+            spares,
+            newest_saved_step=saved,
+            all_answered=not found.unreachable,
+        )
         if isinstance(outcome, policy.Failed):
             if outcome.code != "MaxRecoveriesReached" and all(
                 f.kind == policy.FaultKind.DAEMON_UNREACHABLE for f in faults
