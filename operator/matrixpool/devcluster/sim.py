@@ -47,6 +47,7 @@ from matrixpool_recovery import credentials
 
 PERIOD = 0.25  # seconds between reconciliations
 LEASE_SECONDS = 40  # the daemons' Leases, as the chart's default (renewed every 10 s)
+RENEWALS_PER_PASS = 8  # Lease renewals per reconciliation at most (32/s: 320 nodes per 10 s)
 PORT = 7040  # every daemon listens on this port of its own loopback address (--port)
 
 
@@ -189,27 +190,32 @@ class Sim:
         """Announce each serving daemon with its Lease in the operator's namespace, renewed
         every quarter of :data:`LEASE_SECONDS` — what ``matrixpool announce`` does beside a
         real daemon (:mod:`matrixpool.k8s.daemonleases`); a daemon that died is no longer
-        renewed."""
+        renewed. A new daemon is announced at once; renewals are spread over the passes (at
+        most :data:`RENEWALS_PER_PASS`, the most overdue first, unless some are half a
+        duration old: then all of those), so that a hundred Leases falling due together never
+        hold up the trainers' reconciliation."""
         now = time.monotonic()
-        for node in sorted(nodes):
-            daemon = self.daemons.get(node)
-            if daemon is None or not daemon.ready():
-                continue
-            last = self.announced.get(node)
-            if last is not None and now - last < LEASE_SECONDS / 4:
-                continue
+        serving = [n for n in sorted(nodes) if (d := self.daemons.get(n)) and d.ready()]
+        new = [n for n in serving if n not in self.announced]
+        due = sorted(
+            (n for n in serving if n in self.announced),
+            key=lambda n: self.announced[n],
+        )
+        due = [n for n in due if now - self.announced[n] >= LEASE_SECONDS / 4]
+        late = [n for n in due if now - self.announced[n] >= LEASE_SECONDS / 2]  # all of them
+        for node in [*new, *(late or due[:RENEWALS_PER_PASS])]:
             daemonleases.announce(
                 self.api,
                 self.namespace,
                 node,
                 self.endpoint(node),
                 duration=LEASE_SECONDS,
-                first=last is None,
+                first=node in new,
             )
             self.announced[node] = now
-        serving = self.folder / "serving"
-        if not serving.exists() and nodes and all(n in self.announced for n in nodes):
-            serving.write_text(f"{len(nodes)} daemons\n")  # for scripts that wait for the sim
+        ready = self.folder / "serving"
+        if not ready.exists() and nodes and all(n in self.announced for n in nodes):
+            ready.write_text(f"{len(nodes)} daemons\n")  # for scripts that wait for the sim
 
     def lose_node(self, node: str) -> None:
         """The node is down or gone: its daemon and trainers die, its memory with them."""
