@@ -82,6 +82,23 @@ def test_a_higher_priority_gang_preempts_one_without_checkpoints_at_once() -> No
     assert "replicasKept" not in record, "evicted whole"
 
 
+def test_the_cards_a_waiting_preemptor_needs_go_to_no_lower_priority_meanwhile() -> None:
+    """Its victims' pods are going (n0, n1); n2 and n3 are free: a lower priority placed after
+    it in the cycle must not take them, or the preemptor still does not fit once n0 and n1
+    are free and preempts again, round after round (the stress test saw it)."""
+    executor = Recorder()
+    high, mid, low = job("high", 4, priority=500), job("mid", 2, priority=50), job("low", 2)
+    facts = index(
+        *running("low", 2, deleting=True),
+        *(pod(f"high-{r}", f"h{r}") for r in range(4)),
+        *(pod(f"mid-{r}", f"m{r}") for r in range(2)),
+    )
+    memory = scheduler.Memory()
+    cycle(fixed_world(facts, [high, mid, low]), executor, memory)
+    assert executor.reserved == [], "n2 and n3 wait for high, whose victims are going"
+    assert memory.reasons["ns/high"].code == "WaitingForEviction"
+
+
 def test_an_evicted_job_bound_again_closes_its_preemption_with_the_step_it_restores() -> None:
     executor = Recorder()
     value = checkpoints.restore_value(6, [], "preempt-abc", incarnation=9, of=1)

@@ -58,6 +58,7 @@ log = structlog.get_logger(__name__)
 
 DEFAULT_GRACE_SECONDS = 60.0  # a preempted job's checkpoint grace without a SuperNode's own
 CHECK_SECONDS = 0.5  # a preempted job's daemons are asked at most this often
+NOMINATION_SECONDS = 300.0  # a preemptor's hold on the cards its victims free lasts this long
 
 
 @dataclass
@@ -79,6 +80,9 @@ class Memory:
     tasks: background.Tasks = field(default_factory=background.Tasks)  # answer checks by job
     # workload → status.preemptions as this cycle last wrote them (their only writer)
     preemptions: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # gang → when it preempted (monotonic): until it binds, the cards its victims free are
+    # held for it against lower priorities (engine.Snapshot.hold_free)
+    nominated: dict[str, float] = field(default_factory=dict)
 
     def forget(self, uid: str, key: str) -> None:
         """Drop what is remembered of the workload ``uid`` (named ``key``): it went, or its
@@ -92,6 +96,8 @@ class Memory:
         self.tasks.cancel(uid)
         for gang in [g for g in self.reasons if g == key or g.startswith(key + "/")]:
             del self.reasons[gang]
+        for gang in [g for g in self.nominated if g == key or g.startswith(key + "/")]:
+            del self.nominated[gang]
 
 
 async def run_cycle(
@@ -351,20 +357,28 @@ class Cycle:
             verdict = engine.check_servable(self.topologies, request)
             if verdict is None:
                 verdict = engine.place(snapshot, request)
+            key = item.gang.request.gang
             if isinstance(verdict, model.Placement):
                 snapshot.commit(verdict)
                 bindings.append(Binding(item, verdict))
-                self.memory.reasons.pop(item.gang.request.gang, None)
+                self.memory.reasons.pop(key, None)
+                self.memory.nominated.pop(key, None)
                 continue
             if not verdict.permanent and (self.world.decisions.preempting or self.preempted):
+                if self.nominated(key):  # it waits for its victims' checkpoint
+                    planned = engine.preempt(snapshot, request, victims)
+                    if isinstance(planned, model.Preemption):
+                        snapshot.hold_free(planned.placement)
                 self.note_reason(item, WAITING_FOR_CHECKPOINT)  # the cards are about to move
                 continue
             if not verdict.permanent:
                 preemption = engine.preempt(snapshot, request, victims)
                 if isinstance(preemption, model.Preemption):
                     if await self.preempt(item, preemption):
+                        self.memory.nominated[key] = clock.SYSTEM.monotonic()
                         self.preempted = True
                         return bindings  # the world changes; place again next cycle
+                    snapshot.hold_free(preemption.placement)  # its victims' pods are going
                     self.note_reason(item, CARDS_BEING_FREED)
                     continue
             self.note_reason(item, verdict.reasons[0])
@@ -401,6 +415,14 @@ class Cycle:
                 snapshot.commit(verdict)
                 await self.set_replicas(workload, spec.replicas)
                 self.event(workload, "Normal", "Grown", f"grown back to {spec.replicas} replicas")
+
+    def nominated(self, gang: str) -> bool:
+        """Whether ``gang`` preempted within :data:`NOMINATION_SECONDS` and has not bound."""
+        at = self.memory.nominated.get(gang)
+        if at is not None and clock.SYSTEM.monotonic() - at > NOMINATION_SECONDS:
+            del self.memory.nominated[gang]
+            return False
+        return at is not None
 
     def note_reason(self, item: Pending, reason: model.Reason) -> None:
         """Remember why a gang waits; a Warning Event when the reason is new."""

@@ -324,6 +324,21 @@ class Snapshot:
             held = (i, mask, placement.priority, placement.spread_group, placement.requests)
             self._hold(placement.gang, a.pod, held)
 
+    def hold_free(self, placement: Placement) -> None:
+        """Hold for ``placement``'s gang those of its cards that are free now. A gang waiting
+        for the cards its preemption frees keeps what is already free from the lower
+        priorities placed after it in the same cycle (kube-scheduler's nominated node):
+        otherwise they take the cards freed first, the gang still does not fit once the rest
+        is free, and preempts them in turn, round after round."""
+        for a in placement.assignments:
+            i = self.layout.index.get(a.node, -1)
+            if i < 0 or a.pod in self.held.get(placement.gang, {}):
+                continue
+            mask = cards.mask_of(a.cards) & self.free[i]
+            if mask:
+                held = (i, mask, placement.priority, placement.spread_group, placement.requests)
+                self._hold(placement.gang, a.pod, held)
+
     def release(self, gang: GangKey) -> None:
         """Give back every card ``gang`` holds (an eviction, simulated or real)."""
         self.release_pods(gang, list(self.held.get(gang, {})))
