@@ -111,12 +111,6 @@ class State:
     def backing_off(self, uid: str, now: float) -> bool:
         return self.backoff.get(uid, (0, float("-inf")))[1] > now
 
-    def forget_gone(self, uids: Iterable[str]) -> None:
-        """Drop the backoff of jobs that no longer exist (a re-created job starts afresh)."""
-        alive = set(uids)
-        for uid in [u for u in self.backoff if u not in alive]:
-            del self.backoff[uid]
-
     def forget(self, uid: str) -> None:
         """Drop what is remembered of the job ``uid`` (it went, or its name was reused)."""
         for remembered in (
@@ -141,7 +135,6 @@ async def run(world: read_model.World, state: State, act: executor.Executor) -> 
     await state.tasks.settle("probe", WAIT_SECONDS)
     nodes: dict[str, inventory.NodeInfo] = {n.name: n for n in world.nodes}
     lost = state.unreachable(clock.SYSTEM.monotonic())
-    state.forget_gone(w.uid for w in world.workloads)
     for workload in world.workloads:
         if not isinstance(workload.model, trainingjob.TrainingJob):
             continue

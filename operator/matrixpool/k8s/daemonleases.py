@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from matrixpool import clock
 from matrixpool.api import labels
 from matrixpool.k8s import client as k8s_client
 
@@ -85,7 +86,7 @@ def announce(
     """Create or renew the Lease of ``node``'s daemon. ``first``: the first renewal since the
     daemon (re)started, which also writes the endpoint and ``acquireTime`` (later ones leave
     them as they are)."""
-    now = now or datetime.datetime.now(datetime.UTC)
+    now = now or clock.SYSTEM.now()
     name = lease_name(node)
     patch: dict[str, Any] = {"spec": {"renewTime": _micro(now), "holderIdentity": node}}
     if first:  # a daemon (re)started: where it serves, and since when (the operator tells a
