@@ -33,6 +33,7 @@ RANK = _P + "rank"  # pod label: rank of the pod within its gang, "0".."n-1"
 CARDS = _P + "cards"  # pod annotation: "0,1,2,3", the cards bound to the pod on its node
 CHECKPOINT_REQUEST = _P + "checkpoint-request"  # pod annotation: id of a requested checkpoint
 RESTORE = _P + "restore"  # pod annotation: JSON {"step", "from", "recovery"}: what to restore
+INCARNATION = _P + "incarnation"  # pod annotation: the run a new rank starts as (ms, an int)
 
 # --- pod scheduling and environment ----------------------------------------------------------
 SCHEDULER_NAME = "matrixpool"  # schedulerName of every gang pod; kube-scheduler ignores them
@@ -42,6 +43,18 @@ ENV_TOKEN_FILE = "MATRIXPOOL_CKPT_TOKEN_FILE"  # env var: the file holding the j
 CREDENTIAL_SECRET_PREFIX = "matrixpool-ckpt-"  # + the job's UID: the Secret with its token
 CREDENTIAL_KEY = "token"  # the key in that Secret, the file name in the pod
 CREDENTIAL_MOUNT = "/var/run/matrixpool/checkpoint"  # where the job's pods see it
+# The rest of what a TrainingJob's container gets (docs/concepts.md, "What your training
+# container gets"; matrixpool.k8s.pods.TrainingContract):
+ENV_RANK = "MATRIXPOOL_RANK"  # the pod's rank (downward API: its label RANK)
+ENV_WORLD_SIZE = "MATRIXPOOL_WORLD_SIZE"  # ranks in the gang when the pod was created
+ENV_INCARNATION = "MATRIXPOOL_INCARNATION"  # the run it starts as (its annotation INCARNATION)
+ENV_CHECKPOINT = "MATRIXPOOL_CHECKPOINT"  # the job's spec.checkpoint as JSON ("{}": none)
+ENV_NODE_IP = "MATRIXPOOL_NODE_IP"  # status.hostIP: where the node's daemon listens
+ENV_DAEMON = "MATRIXPOOL_CKPT_DAEMON"  # "$(MATRIXPOOL_NODE_IP):<port>": the node's daemon
+ENV_ANNOTATIONS_FILE = "MATRIXPOOL_ANNOTATIONS_FILE"  # the pod's annotations, kept current
+POD_INFO_MOUNT = "/var/run/matrixpool/pod"  # downward-API files "annotations" and "labels"
+DAEMON_PORT = 7040  # the chart's checkpointDaemon.port (operator env MATRIXPOOL_CKPT_DAEMON_PORT)
+MEMORY_PATH = "/dev/shm/matrixpool"  # checkpointDaemon.memoryPath (MATRIXPOOL_CKPT_MEMORY_PATH)
 
 
 def credential_secret(job_uid: str) -> str:

@@ -193,9 +193,13 @@ class Cycle:
             recovery = read_model.recovery_of(self.world, workload)
             missing = [plan for plan in plans if plan.name not in existing]
             resume = self.resume_value(workload, existing) if missing and not recovery else ""
+            wanted_gangs = wanted.get(workload.key, [])
+            contracts = training_contracts(workload, wanted_gangs, existing) if missing else {}
             create = [
                 pin(
-                    pods.manifest(plan, template(plan.role), workload.ref, resource),
+                    pods.manifest(
+                        plan, template(plan.role), workload.ref, resource, contracts.get(plan.name)
+                    ),
                     recovery,
                     resume,
                 )
@@ -893,6 +897,47 @@ def gang_state(present: Sequence[convert.PodFacts]) -> str:
     if any(p.node for p in present):
         return "holed"
     return "unplaced"
+
+
+def training_contracts(
+    workload: Workload, wanted: Sequence[gangs.Gang], existing: Mapping[str, convert.PodFacts]
+) -> dict[str, pods.TrainingContract]:
+    """Per pod name, what a new pod of a TrainingJob is told (``pods.TrainingContract``); {}
+    for other kinds. A new rank joins the run its gang's live pods are in (the newest one
+    their incarnation or restore annotations name: a rank added by elastic growth); a gang
+    with none starts a new run, numbered by the time in milliseconds so that it is newer
+    than every recovery before it. (A rank told to restore runs as the incarnation its
+    restore annotation names instead.)"""
+    if not isinstance(workload.model, trainingjob.TrainingJob):
+        return {}
+    live = [p for p in existing.values() if not p.deleting]
+    incarnation = max((_incarnation_of(p) for p in live), default=0)
+    if not incarnation:
+        incarnation = int(clock.SYSTEM.now().timestamp() * 1000)
+    checkpoint = common.to_wire(workload.model.spec.checkpoint)
+    checkpoint.pop("graceSeconds", None)  # the operator's business, not the trainer's
+    port, memory_path = pods.daemon_settings()
+    return {
+        plan.name: pods.TrainingContract(
+            job_uid=workload.uid,
+            world_size=len(gang.pods),
+            incarnation=incarnation,
+            checkpoint=json.dumps(checkpoint, sort_keys=True),
+            daemon_port=port,
+            memory_path=memory_path,
+        )
+        for gang in wanted
+        for plan in gang.pods
+    }
+
+
+def _incarnation_of(pod: convert.PodFacts) -> int:
+    try:
+        asked = checkpoints.parse_restore(pod.restore)
+    except ValueError:
+        asked = None
+    named = asked.incarnation if asked is not None and asked.incarnation is not None else 0
+    return max(pod.incarnation, named)
 
 
 def pin(

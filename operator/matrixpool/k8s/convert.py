@@ -88,6 +88,7 @@ class PodFacts:
     deleting: bool
     ready: bool
     restore: str = ""  # annotation matrixpool.dev/restore: what the rank restored from
+    incarnation: int = 0  # annotation matrixpool.dev/incarnation: the run it started as
     uid: str = ""  # metadata.uid: the pod's identity (a re-created pod is another pod)
     released: bool = False  # its job Succeeded: kept for its logs, its cards free (read model)
     requests: nodefit.Resources = ()  # what it requests of its node (cards included)
@@ -137,6 +138,7 @@ def pod_facts(
         deleting=bool(meta.get("deletionTimestamp")),
         ready=ready,
         restore=annotations.get(names.RESTORE, ""),
+        incarnation=_number(annotations.get(names.INCARNATION)),
         uid=str(meta.get("uid") or ""),
         requests=tuple(sorted(nodefit.pod_requests(spec).items())),
     )

@@ -24,6 +24,7 @@ import asyncio
 import copy
 import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import tenacity
@@ -39,7 +40,9 @@ CONCURRENCY = 32  # API calls in flight at once for one batch
 # down with it so that they can kill the operator while a gang is half bound.
 PACE_VARIABLE = "MATRIXPOOL_BIND_PACE_SECONDS"
 T = TypeVar("T")
-TRAINING_JOB = "TrainingJob"  # the kind whose pods get a checkpoint credential
+TRAINING_JOB = "TrainingJob"  # the kind whose pods get the training contract
+DAEMON_PORT_VARIABLE = "MATRIXPOOL_CKPT_DAEMON_PORT"  # the chart's checkpointDaemon.port
+MEMORY_PATH_VARIABLE = "MATRIXPOOL_CKPT_MEMORY_PATH"  # the chart's checkpointDaemon.memoryPath
 Outcome = BaseException | None  # per pod: None when the call did what it was asked
 
 
@@ -61,10 +64,35 @@ retry = tenacity.retry(
 )
 
 
+@dataclass(frozen=True)
+class TrainingContract:
+    """What a TrainingJob's pod is told beyond its cards (docs/concepts.md, "What your training
+    container gets"): everything a trainer needs comes from the pod, so that one that works
+    under ``matrixpool sim`` works the same on a real kubelet."""
+
+    job_uid: str  # the name its checkpoints go under (MATRIXPOOL_JOB)
+    world_size: int  # ranks in the gang when the pod is created
+    incarnation: int  # the run a rank that restores nothing starts as
+    checkpoint: str = "{}"  # the job's spec.checkpoint as JSON ("{}": it saves none)
+    daemon_port: int = labels.DAEMON_PORT  # the node daemons' port (on the node's address)
+    memory_path: str = labels.MEMORY_PATH  # the daemons' tier-1 folder on every node
+
+
+def daemon_settings() -> tuple[int, str]:
+    """The node daemons' port and tier-1 folder, as the chart tells the operator."""
+    port = int(os.environ.get(DAEMON_PORT_VARIABLE) or labels.DAEMON_PORT)
+    return port, os.environ.get(MEMORY_PATH_VARIABLE) or labels.MEMORY_PATH
+
+
 def manifest(
-    plan: gangs.PodPlan, template: Mapping[str, Any], owner: Mapping[str, Any], card_resource: str
+    plan: gangs.PodPlan,
+    template: Mapping[str, Any],
+    owner: Mapping[str, Any],
+    card_resource: str,
+    training: TrainingContract | None = None,
 ) -> dict[str, Any]:
-    """The Pod of ``plan``: the user's template plus cards, env, labels and the owner."""
+    """The Pod of ``plan``: the user's template plus cards, env, labels and the owner; a
+    TrainingJob's pod also gets ``training`` (required for that kind)."""
     pod: dict[str, Any] = copy.deepcopy(dict(template or {}))
     meta = pod.setdefault("metadata", {})
     meta.pop("name", None)
@@ -88,7 +116,11 @@ def manifest(
         containers.append({"name": plan.role, "image": "matrixpool/workload:placeholder"})
     _give_cards(containers[0], plan.cards, card_resource)
     if plan.kind == TRAINING_JOB:
-        _give_credential(spec, containers[0], str(owner["uid"]))
+        if training is None:
+            raise ValueError(f"pod {plan.name}: a TrainingJob's pod needs its training contract")
+        spec.setdefault("restartPolicy", "Never")  # a failed rank is the operator's to recover
+        meta.setdefault("annotations", {})[labels.INCARNATION] = str(training.incarnation)
+        _give_training_contract(spec, containers[0], training)
     return {"apiVersion": "v1", "kind": "Pod", **pod}
 
 
@@ -105,23 +137,55 @@ def owner_reference(owner: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _give_credential(spec: dict[str, Any], container: dict[str, Any], job_uid: str) -> None:
-    """The job's identity and checkpoint credential: MATRIXPOOL_JOB (the UID the daemons know
-    the job by) and its token, mounted from the job's Secret (``matrixpool.k8s.secrets``;
-    optional, so that a cluster without checkpoint daemons still runs the pod)."""
-    volume = "matrixpool-checkpoint-credential"
-    secret = {"secretName": labels.credential_secret(job_uid), "optional": True}
-    volumes = [v for v in spec.get("volumes", []) if v.get("name") != volume]
-    spec["volumes"] = [*volumes, {"name": volume, "secret": secret}]
-    mounts = [m for m in container.get("volumeMounts", []) if m.get("name") != volume]
-    mount = {"name": volume, "mountPath": labels.CREDENTIAL_MOUNT, "readOnly": True}
-    container["volumeMounts"] = [*mounts, mount]
-    ours = {
-        labels.ENV_JOB: job_uid,
-        labels.ENV_TOKEN_FILE: f"{labels.CREDENTIAL_MOUNT}/{labels.CREDENTIAL_KEY}",
+def _give_training_contract(
+    spec: dict[str, Any], container: dict[str, Any], training: TrainingContract
+) -> None:
+    """Identity, rank, world size, run, checkpoint spec, the node daemon's address, the job's
+    credential (its Secret, ``matrixpool.k8s.secrets``; optional, so that a cluster without
+    checkpoint daemons still runs the pod), the pod's annotations as a downward-API file kept
+    current (restore, checkpoint request) and the daemon's tier-1 folder. Entries of the
+    template with these names are replaced; the user's other env and volumes stay."""
+    credential = "matrixpool-checkpoint-credential"
+    info = "matrixpool-pod-info"
+    memory = "matrixpool-checkpoint-memory"
+    secret = {"secretName": labels.credential_secret(training.job_uid), "optional": True}
+    pod_info = {
+        "items": [
+            {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}},
+            {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}},
+        ]
     }
-    env = [e for e in container.get("env", []) if e.get("name") not in ours]
-    container["env"] = env + [{"name": k, "value": v} for k, v in ours.items()]
+    ours = {
+        credential: {"secret": secret},
+        info: {"downwardAPI": pod_info},
+        memory: {"hostPath": {"path": training.memory_path, "type": "DirectoryOrCreate"}},
+    }
+    volumes = [v for v in spec.get("volumes", []) if v.get("name") not in ours]
+    spec["volumes"] = [*volumes, *({"name": n, **v} for n, v in ours.items())]
+    mounts = {
+        credential: {"mountPath": labels.CREDENTIAL_MOUNT, "readOnly": True},
+        info: {"mountPath": labels.POD_INFO_MOUNT, "readOnly": True},
+        memory: {"mountPath": training.memory_path},
+    }
+    kept = [m for m in container.get("volumeMounts", []) if m.get("name") not in mounts]
+    container["volumeMounts"] = [*kept, *({"name": n, **m} for n, m in mounts.items())]
+
+    def field(path: str) -> dict[str, Any]:
+        return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+    env: dict[str, dict[str, Any]] = {
+        labels.ENV_JOB: {"value": training.job_uid},
+        labels.ENV_RANK: field(f"metadata.labels['{labels.RANK}']"),
+        labels.ENV_WORLD_SIZE: {"value": str(training.world_size)},
+        labels.ENV_INCARNATION: field(f"metadata.annotations['{labels.INCARNATION}']"),
+        labels.ENV_NODE_IP: field("status.hostIP"),
+        labels.ENV_DAEMON: {"value": f"$({labels.ENV_NODE_IP}):{training.daemon_port}"},
+        labels.ENV_TOKEN_FILE: {"value": f"{labels.CREDENTIAL_MOUNT}/{labels.CREDENTIAL_KEY}"},
+        labels.ENV_ANNOTATIONS_FILE: {"value": f"{labels.POD_INFO_MOUNT}/annotations"},
+        labels.ENV_CHECKPOINT: {"value": training.checkpoint},
+    }
+    kept_env = [e for e in container.get("env", []) if e.get("name") not in env]
+    container["env"] = kept_env + [{"name": n, **e} for n, e in env.items()]
 
 
 def _give_cards(container: dict[str, Any], cards: int, card_resource: str) -> None:
