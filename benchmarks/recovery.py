@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from matrixpool.devcluster import binaries, cluster, faults, topology
+from matrixpool.devcluster import binaries, cluster, faults, topology, trainer
 from matrixpool.k8s import client as k8s_client
 
 NAMESPACE = "bench"
@@ -67,17 +67,16 @@ def run_scale(supernodes: int, say: Callable[[str], None]) -> dict[str, Any]:
         local.up(topology.Shape(supernodes=supernodes), crds=binaries.repo_root() / "crds")
         env = {**os.environ, "KUBECONFIG": str(local.kubeconfig)}
         sim_folder = folder / "sim"
+        port = str(cluster.free_ports(1)[0])  # the daemons', told to the operator too
         sim = spawn(
             [
                 "sim",
                 "--supernode",
                 "sn-0",
-                "--step-seconds",
-                str(STEP_SECONDS),
                 "--folder",
                 str(sim_folder),
                 "--port",
-                str(cluster.free_ports(1)[0]),
+                port,
             ],
             env,
             folder / "sim.log",
@@ -85,7 +84,10 @@ def run_scale(supernodes: int, say: Callable[[str], None]) -> dict[str, Any]:
         operator = None
         try:
             wait(lambda: (sim_folder / "serving").exists(), 300, "the sim's daemons")
-            token = {"MATRIXPOOL_CKPT_TOKEN_FILE": str(sim_folder / "token")}
+            token = {
+                "MATRIXPOOL_CKPT_SECRET_FILE": str(sim_folder / "secret"),
+                "MATRIXPOOL_CKPT_DAEMON_PORT": port,
+            }
             operator = spawn(["run", "--metrics-port", "0"], {**env, **token}, folder / "op.log")
             bench = Bench(local, sim_folder, say)
             return bench.run(supernodes)
@@ -181,7 +183,7 @@ class Bench:
                 "superNode": supernode,
                 "replicas": ranks,
                 "cardsPerReplica": 8,
-                "template": {"spec": {"containers": [{"name": "trainer", "image": "trainer"}]}},
+                "template": {"spec": {"containers": [trainer.container(STEP_SECONDS)]}},
                 "checkpoint": {
                     "memory": {"everySteps": 2, "peerReplicas": 1},
                     "local": {"everySteps": 10},

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from matrixpool.devcluster import binaries, cluster, topology
+from matrixpool.devcluster import binaries, cluster, topology, trainer
 from matrixpool.k8s import client as k8s_client
 
 NAMESPACE = "bench"
@@ -59,12 +59,13 @@ def main() -> int:
             [sys.executable, "-m", "matrixpool.cli", "sim", "--port", port],
             env,
             folder / "sim.log",
-            ["--step-seconds", "2", "--folder", str(folder / "sim")],
+            ["--folder", str(folder / "sim")],
         )
         operator_env = {
             **env,
             "MATRIXPOOL_LOG_FORMAT": "json",
-            "MATRIXPOOL_CKPT_TOKEN_FILE": str(folder / "sim" / "token"),
+            "MATRIXPOOL_CKPT_SECRET_FILE": str(folder / "sim" / "secret"),
+            "MATRIXPOOL_CKPT_DAEMON_PORT": port,
         }
         run = [sys.executable, "-m", "matrixpool.cli", "run"]
         operators = [spawn(run, operator_env, folder / "operator.log")]
@@ -251,7 +252,7 @@ def training_job() -> dict[str, Any]:
             "priority": 100,
             "windows": ["night"],
             "checkpoint": {"memory": {"everySteps": 2, "peerReplicas": 1}},
-            "template": {"spec": {"containers": [{"name": "t", "image": "x:1"}]}},
+            "template": {"spec": {"containers": [trainer.container(2.0)]}},
         },
     }
 

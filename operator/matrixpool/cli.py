@@ -119,7 +119,9 @@ def _parser() -> argparse.ArgumentParser:
     cards.add_argument("cards")
     cards.set_defaults(handler=_fault, fault="cards")
 
-    sim = commands.add_parser("sim", help="checkpoint daemons per node, trainers per pod")
+    sim = commands.add_parser(
+        "sim", help="checkpoint daemons per node; the matrixpool image's pods as processes"
+    )
     sim.add_argument(
         "--supernode",
         action="append",
@@ -127,11 +129,25 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SN",
         help="simulate only these supernodes' nodes (repeatable; default: all)",
     )
-    sim.add_argument("--step-seconds", type=float, default=0.5, help="seconds per training step")
-    sim.add_argument("--state-bytes", type=int, default=64 << 10, help="state bytes per rank")
-    sim.add_argument("--folder", type=Path, help="where daemons keep data and logs")
+    sim.add_argument("--folder", type=Path, help="where daemons and pods keep data and logs")
     sim.add_argument(
-        "--port", type=int, default=None, help="port of every daemon on its loopback address"
+        "--port",
+        type=int,
+        default=None,
+        help="port of every daemon on its node's address (the operator's "
+        "MATRIXPOOL_CKPT_DAEMON_PORT; default 7040)",
+    )
+    sim.add_argument(
+        "--memory-path",
+        default=None,
+        help="the daemons' tier-1 folder as pods mount it (MATRIXPOOL_CKPT_MEMORY_PATH; "
+        "default /dev/shm/matrixpool)",
+    )
+    sim.add_argument(
+        "--image",
+        default=None,
+        help="pods whose containers all have this image repository run as processes "
+        "(default matrixpool)",
     )
     sim.add_argument(
         "--persistent-root",
@@ -265,6 +281,13 @@ def _sim(args: argparse.Namespace) -> int:
 
     from matrixpool.devcluster import cluster, sim
 
+    if os.geteuid() != 0:
+        print(
+            "matrixpool sim runs pods in mount namespaces of their own, as a container runtime "
+            "does: run it as root (sudo -E)",
+            file=sys.stderr,
+        )
+        return 2
     folder = args.folder or cluster.default_folder() / "sim"
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -274,9 +297,9 @@ def _sim(args: argparse.Namespace) -> int:
         Path(kubeconfig) if kubeconfig else cluster.Cluster().kubeconfig,
         folder,
         frozenset(args.supernode),
-        args.step_seconds,
-        args.state_bytes,
         **({"port": args.port} if args.port else {}),
+        **({"memory_path": args.memory_path} if args.memory_path else {}),
+        **({"image": args.image} if args.image else {}),
         **({"persistent_root": args.persistent_root} if args.persistent_root else {}),
         namespace=args.namespace,
     )

@@ -40,7 +40,7 @@ def sim(
 def operator(
     cluster: framework.TestCluster, tmp_path: Path, sim: framework.Sim
 ) -> Iterator[framework.Operator]:
-    env = {"MATRIXPOOL_CKPT_TOKEN_FILE": str(sim.token_file)}
+    env = sim.operator_env()
     process = framework.Operator(cluster, tmp_path / "operator.log", env=env).start()
     try:
         yield process

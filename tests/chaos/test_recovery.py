@@ -309,7 +309,7 @@ def test_a_recovery_cut_short_by_an_operator_kill_is_finished_once_by_the_next(
     cards: CardSampler,
     tmp_path: Path,
 ) -> None:
-    token = {"MATRIXPOOL_CKPT_TOKEN_FILE": str(sim.token_file)}
+    token = sim.operator_env()
     slow = {**token, "MATRIXPOOL_RECOVERY_PAUSE_SECONDS": "60"}  # stops after writing the plan
     first = framework.Operator(cluster, tmp_path / "first.log", env=slow).start()
     second = framework.Operator(cluster, tmp_path / "second.log", env=token)

@@ -152,14 +152,13 @@ class Sim:
     cluster: TestCluster
     folder: Path
     supernodes: tuple[str, ...] = ()  # empty: every supernode
-    step_seconds: float = 0.2
     persistent_root: Path | None = None  # tier-3 URIs must be inside; None: folder/persistent
     process: subprocess.Popen[bytes] | None = field(default=None)
+    port: int = field(default_factory=lambda: cluster.free_ports(1)[0])  # other sims run beside
 
     def start(self) -> Sim:
         argv = [sys.executable, "-m", "matrixpool.cli", "sim", "--folder", str(self.folder)]
-        argv += ["--step-seconds", str(self.step_seconds)]
-        argv += ["--port", str(cluster.free_ports(1)[0])]  # other sims may run beside
+        argv += ["--port", str(self.port)]
         if self.persistent_root is not None:
             argv += ["--persistent-root", str(self.persistent_root)]
         for name in self.supernodes:
@@ -183,6 +182,14 @@ class Sim:
     @property
     def token_file(self) -> Path:
         return self.folder / "token"
+
+    def operator_env(self) -> dict[str, str]:
+        """What an operator beside this sim is told, as the chart tells it: the daemons'
+        cluster secret and port."""
+        return {
+            "MATRIXPOOL_CKPT_SECRET_FILE": str(self.folder / "secret"),
+            "MATRIXPOOL_CKPT_DAEMON_PORT": str(self.port),
+        }
 
     def operator_token(self) -> str:
         """The operator's credential for the sim's daemons (derived from their secret)."""

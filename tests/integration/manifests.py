@@ -7,8 +7,14 @@ import copy
 import json
 from typing import Any
 
+from matrixpool.devcluster import trainer
+
 API = "matrixpool.dev/v1alpha1"
 CONTAINER = {"name": "main", "image": "example.invalid/workload:1"}
+STEP_SECONDS = 0.2  # the simulated trainer's compute per step
+# A TrainingJob's container under ``matrixpool sim``: the matrixpool image's simulated trainer,
+# which the sim's process kubelet runs with the pod's env (kwok only marks other images Running).
+TRAINER = trainer.container(STEP_SECONDS)
 
 
 class Manifest:
@@ -63,6 +69,13 @@ class TrainingJobManifest(Manifest):
         self.body["spec"]["priority"] = value
         return self
 
+    def trainer(self, step_seconds: float = STEP_SECONDS, **env: str) -> TrainingJobManifest:
+        """Its pods run the simulated trainer at ``step_seconds`` per step, with ``env``."""
+        self.body["spec"]["template"]["spec"]["containers"] = [
+            trainer.container(step_seconds, **env)
+        ]
+        return self
+
 
 def training_job(name: str) -> TrainingJobManifest:
     return TrainingJobManifest(
@@ -73,7 +86,7 @@ def training_job(name: str) -> TrainingJobManifest:
             "spec": {
                 "replicas": 1,
                 "cardsPerReplica": 8,
-                "template": {"spec": {"containers": [copy.deepcopy(CONTAINER)]}},
+                "template": {"spec": {"containers": [copy.deepcopy(TRAINER)]}},
             },
         }
     )

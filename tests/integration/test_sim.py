@@ -23,7 +23,13 @@ from tests.integration.test_scheduling import wait_job
 
 
 @pytest.fixture
-def sim(cluster: framework.TestCluster, tmp_path: Path) -> Iterator[Path]:
+def port() -> int:
+    """The daemons' port: the sim's and the operator's (others may run beside)."""
+    return framework.cluster.free_ports(1)[0]
+
+
+@pytest.fixture
+def sim(cluster: framework.TestCluster, tmp_path: Path, port: int) -> Iterator[Path]:
     """`matrixpool sim` for sn-0's nodes; yields its folder."""
     folder = tmp_path / "sim"
     log = open(tmp_path / "sim.log", "wb")  # noqa: SIM115 -- the child's, closed below
@@ -35,8 +41,8 @@ def sim(cluster: framework.TestCluster, tmp_path: Path) -> Iterator[Path]:
             "sim",
             "--supernode",
             "sn-0",
-            "--step-seconds",
-            "0.2",
+            "--port",
+            str(port),
             "--folder",
             str(folder),
         ],
@@ -56,13 +62,13 @@ def sim(cluster: framework.TestCluster, tmp_path: Path) -> Iterator[Path]:
 
 @pytest.fixture
 def operator(
-    cluster: framework.TestCluster, sim: Path, tmp_path: Path
+    cluster: framework.TestCluster, sim: Path, tmp_path: Path, port: int
 ) -> Iterator[framework.Operator]:
     """The operator told the sim's cluster secret: it asks the daemons and tells them their
     tier-1 peers."""
     secret = sim / "secret"
     framework.eventually(secret.exists, timeout=60, what="the sim's cluster secret")
-    env = {"MATRIXPOOL_CKPT_SECRET_FILE": str(secret)}
+    env = {"MATRIXPOOL_CKPT_SECRET_FILE": str(secret), "MATRIXPOOL_CKPT_DAEMON_PORT": str(port)}
     process = framework.Operator(cluster, tmp_path / "operator.log", env=env).start()
     try:
         yield process
@@ -193,6 +199,36 @@ def test_sim_runs_a_daemon_per_node_and_trainers_that_checkpoint_and_die_with_th
             timeout=60,
             what=f"rank {rank} checkpoints in its node's daemon",
         )
+
+    # Each trainer runs with exactly what its pod says, as a kubelet would start it: the
+    # node daemon from status.hostIP, its rank from its label, its job's token from the
+    # Secret the operator wrote (mounted where the pod mounts it), nothing of the sim's own.
+    for rank in range(4):
+        pod = next(p for p in pods if p["metadata"]["labels"]["matrixpool.dev/rank"] == str(rank))
+        pid = int(
+            (sim / "trainers" / f"{node_of[rank]}.{namespace}.{pod['metadata']['name']}.pid")
+            .read_text()
+            .strip()
+        )
+        environ = dict(
+            entry.split("=", 1)
+            for entry in Path(f"/proc/{pid}/environ").read_text().split("\0")
+            if "=" in entry
+        )
+        assert environ["MATRIXPOOL_CKPT_DAEMON"] == published[node_of[rank]]
+        assert environ["MATRIXPOOL_RANK"] == str(rank)
+        assert environ["MATRIXPOOL_WORLD_SIZE"] == "4"
+        assert environ["MATRIXPOOL_JOB"] == uid
+        assert "KUBECONFIG" not in environ
+        assert "MATRIXPOOL_CKPT_TOKEN" not in environ  # only the file the Secret gives
+        inside = Path(environ["MATRIXPOOL_CKPT_TOKEN_FILE"]).resolve()  # /var/run is /run
+        token_file = Path(f"/proc/{pid}/root") / str(inside).lstrip("/")
+        mounts = Path(f"/proc/{pid}/mountinfo").read_text()
+        assert "/run/matrixpool/checkpoint " in mounts  # /var/run is /run here
+        assert "/run/matrixpool/pod " in mounts
+        assert "/dev/shm/matrixpool " in mounts  # the node's tier-1 folder (hostPath)
+        assert "/run/secrets/kubernetes.io/serviceaccount " in mounts  # projected token
+        assert token_file.read_text().strip()  # the job's token, from its Secret
 
     victim = node_of[0]
     cluster.matrixpool("cluster", "fault", "node-down", victim)

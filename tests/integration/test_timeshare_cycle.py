@@ -58,8 +58,9 @@ def workloads(uri: str) -> list[manifests.Manifest]:
         "persistent": {"everySteps": 1000, "uri": uri},
     }
     elastic = manifests.training_job("elastic").replicas(32, minimum=ELASTIC_MIN).on(SN)
+    elastic.trainer(step_seconds=2)
     elastic.priority(100).body["spec"]["checkpoint"] = checkpoint
-    nightly = manifests.training_job("nightly").replicas(8).on(SN).priority(50)
+    nightly = manifests.training_job("nightly").replicas(8).on(SN).priority(50).trainer(2)
     nightly.body["spec"]["windows"] = ["night"]
     nightly.body["spec"]["checkpoint"] = checkpoint
     chat = (
@@ -121,13 +122,13 @@ class Watcher:
 
 
 @pytest.fixture
-def sim(cluster: framework.TestCluster, tmp_path: Path) -> Iterator[Path]:
+def sim(cluster: framework.TestCluster, tmp_path: Path) -> Iterator[framework.Sim]:
     """The sim for SN's nodes, on a port of its own, with every daemon published."""
     process = framework.Sim(
-        cluster, tmp_path / "sim", (SN,), step_seconds=2, persistent_root=tmp_path / "persistent"
+        cluster, tmp_path / "sim", (SN,), persistent_root=tmp_path / "persistent"
     ).start()
     try:
-        yield process.folder
+        yield process
     finally:
         process.stop()
         print(process.log()[-3000:])
@@ -158,7 +159,7 @@ def settled(cluster: framework.TestCluster, window: str, after: str) -> dict[str
 
 
 def test_day_night_day_cycle_on_one_supernode(
-    cluster: framework.TestCluster, namespace: str, tmp_path: Path, sim: Path
+    cluster: framework.TestCluster, namespace: str, tmp_path: Path, sim: framework.Sim
 ) -> None:
     framework.eventually(
         lambda: not framework.gang_pods(cluster), timeout=60, what="no gang pods left"
@@ -171,7 +172,7 @@ def test_day_night_day_cycle_on_one_supernode(
         env={
             "MATRIXPOOL_CLOCK_START": START,
             "MATRIXPOOL_CLOCK_SPEED": str(SPEED),
-            "MATRIXPOOL_CKPT_TOKEN_FILE": str(sim / "token"),
+            **sim.operator_env(),
         },
     ).start()
     watcher = Watcher(cluster, namespace)
@@ -204,7 +205,7 @@ def test_day_night_day_cycle_on_one_supernode(
         resumed = job(cluster, namespace, "nightly")["status"]["timeSharing"]["suspensions"][-1]
         assert resumed["restoredStep"] >= suspended["step"]
         restored = framework.eventually(
-            lambda: restored_steps(sim, namespace, "nightly", 8),
+            lambda: restored_steps(sim.folder, namespace, "nightly", 8),
             timeout=20,
             what="every resumed rank reports its restore",
         )

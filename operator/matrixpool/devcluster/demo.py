@@ -44,7 +44,7 @@ from typing import Any, TypeVar
 import yaml
 
 from matrixpool import clock
-from matrixpool.devcluster import binaries, cluster, topology
+from matrixpool.devcluster import binaries, cluster, topology, trainer
 from matrixpool.plugin import render, report
 
 DEMO_SHAPE = topology.Shape(supernodes=2)
@@ -133,6 +133,7 @@ class Demo:
     faults: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     metrics_port: int = field(default_factory=lambda: cluster.free_ports(1)[0])
+    daemon_port: int = field(default_factory=lambda: cluster.free_ports(1)[0])  # sim and operator
 
     @property
     def folder(self) -> Path:
@@ -179,8 +180,7 @@ class Demo:
 
     def start_sim(self) -> None:
         argv = [sys.executable, "-m", "matrixpool.cli", "sim", "--folder", str(self.folder / "sim")]
-        argv += ["--step-seconds", str(self.plan.step_seconds)]
-        argv += ["--port", str(cluster.free_ports(1)[0])]
+        argv += ["--port", str(self.daemon_port)]
         argv += ["--persistent-root", str(self.folder / "persistent")]  # see adapt
         self.processes["sim"] = self.spawn("sim", argv, {})
 
@@ -189,6 +189,7 @@ class Demo:
             "MATRIXPOOL_LOG_FORMAT": "json",
             "MATRIXPOOL_METRICS_PORT": str(self.metrics_port),
             "MATRIXPOOL_CKPT_SECRET_FILE": str(self.folder / "sim" / "secret"),
+            "MATRIXPOOL_CKPT_DAEMON_PORT": str(self.daemon_port),
             clock.START_ENV: self.plan.clock_start,
             clock.SPEED_ENV: str(self.plan.clock_speed),
         }
@@ -214,12 +215,21 @@ class Demo:
         print(self.kubectl("get", "matrixpool", "-A").stdout.rstrip())
 
     def adapt(self, body: dict[str, Any]) -> dict[str, Any]:
-        """The example as the demo applies it: persistent URIs in the demo's folder, and the
-        plan's smaller training jobs (--fast)."""
+        """The example as the demo applies it: persistent URIs in the demo's folder, the
+        plan's smaller training jobs (--fast), and the simulated trainer (image matrixpool,
+        which the sim runs as a process; the example's own image is only named) in place of
+        the example's container, stepping every ``step_seconds``."""
         body = copy.deepcopy(body)
         if body["kind"] != "TrainingJob":
             return body
         spec = body["spec"]
+        [container] = spec["template"]["spec"]["containers"][:1]
+        simulated = trainer.container(
+            self.plan.step_seconds, container["name"], MATRIXPOOL_EXAMPLE_IMAGE=container["image"]
+        )
+        if "resources" in container:
+            simulated["resources"] = container["resources"]
+        spec["template"]["spec"]["containers"] = [simulated]
         name = body["metadata"]["name"]
         persistent = (spec.get("checkpoint") or {}).get("persistent")
         if persistent:

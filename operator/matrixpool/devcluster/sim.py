@@ -1,23 +1,36 @@
-"""``matrixpool sim``: the stand-in for kubelets and trainers on the local cluster.
+"""``matrixpool sim``: the stand-in for the kubelets of the local cluster's simulated nodes.
 
 For every simulated node (of the chosen supernodes) it runs one real checkpoint daemon
-(``matrixpool-ckpt-daemon``) on a loopback address of its own and announces it with a Lease in
-the operator's namespace, as the chart's ``matrixpool announce`` does
-(:mod:`matrixpool.k8s.daemonleases`); the operator tells the daemons their tier-1 peers
-(:mod:`matrixpool.handlers.peers`). For every Running pod of a TrainingJob it runs a
-trainer process (:mod:`matrixpool.devcluster.trainer`) with the real Checkpointer, and the plain
-``value`` env entries of the pod's first container (so a pod that sets ``MATRIXPOOL_SIM_STEPS``
-trains that many steps and exits 0); the sim's own settings (identity, daemon, token) win over
-the pod's. A trainer that exits makes its pod Succeeded (code 0) or Failed, as a kubelet
-reports a container of a restartPolicy Never pod. A node that
-goes NotReady or is deleted loses its daemon and trainers at once (SIGKILL: its memory is gone);
-when it comes back it gets a fresh, empty daemon. Used by the chaos tests, the demo and users who
-want to rehearse a recovery.
+(``matrixpool-ckpt-daemon``) on the node's address (its ``InternalIP``: a loopback address of
+its own, given when ``cluster up`` created the node), as the chart's host-network DaemonSet
+would, and announces it with a Lease in the operator's namespace, as the chart's ``matrixpool
+announce`` does (:mod:`matrixpool.k8s.daemonleases`); the operator tells the daemons their
+tier-1 peers (:mod:`matrixpool.handlers.peers`).
+
+It is the **process kubelet** of those nodes: every pod bound to one of them whose containers'
+image is the matrixpool image (``--image``, any registry and tag) runs as processes on this
+machine — each container's ``command``/``args`` with exactly the pod's environment, resolved as
+a kubelet resolves it (``$(VAR)``, downward API, Secrets, ConfigMaps; see
+:mod:`matrixpool.devcluster.kubelet`), in a mount namespace of its own in which every volume is
+bound at its ``mountPath``: Secret, ConfigMap, downward-API (kept current) and projected
+volumes as files, emptyDir as a folder of the pod, hostPath as a folder of the node
+(``<folder>/nodes/<node>/<path>``: what two pods of one node share, and nothing else). The sim
+adds nothing of its own: a trainer that works under it works the same in a real pod. Exits
+are reported as a kubelet reports them: per ``restartPolicy`` the container restarts (with
+``restartCount``) or the pod ends ``Succeeded`` (every container exited 0) or ``Failed``.
+Other pods are left to kwok, which only reports them Running. kwok still reports the sim's
+pods Running (and their ``hostIP``) once bound; the sim starts their containers then.
+
+A node that goes NotReadyError or is deleted loses its daemon and its pods' processes at once
+(SIGKILL: its memory is gone); when it comes back it gets a fresh, empty daemon. The daemons
+run with the node's tier-1 folder bound at ``--memory-path`` (the chart's
+``checkpointDaemon.memoryPath``), so the buffer paths they hand out are the ones a pod sees
+through its hostPath volume. Needs root (mount namespaces).
 
 Credentials as the chart sets them up: the daemons read the cluster secret from
 ``<folder>/secret`` (0600; ``<folder>/token`` links to it for older scripts, and the operator
-reads it through ``MATRIXPOOL_CKPT_SECRET_FILE``);
-each trainer gets the token of its own job only.
+reads it through ``MATRIXPOOL_CKPT_SECRET_FILE``); a pod gets its job's token from the Secret
+the operator writes, like any other Secret.
 
 Reconciles every :data:`PERIOD` seconds from the API; safe to restart (it adopts nothing: old
 processes die with it).
@@ -26,6 +39,7 @@ processes die with it).
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import shutil
 import signal
@@ -33,22 +47,22 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from matrixpool import checkpoints
+from matrixpool import clock
 from matrixpool.api import labels
-from matrixpool.devcluster import cluster, faults
+from matrixpool.devcluster import cluster, faults, kubelet
 from matrixpool.k8s import client as k8s_client
 from matrixpool.k8s import daemonleases
-from matrixpool_recovery import credentials
 
 PERIOD = 0.25  # seconds between reconciliations
 LEASE_SECONDS = 40  # the daemons' Leases, as the chart's default (renewed every 10 s)
 RENEWALS_PER_PASS = 8  # Lease renewals per reconciliation at most (32/s: 320 nodes per 10 s)
-PORT = 7040  # every daemon listens on this port of its own loopback address (--port)
+PORT = labels.DAEMON_PORT  # every daemon listens on this port of its node's address (--port)
+BACKOFF_SECONDS = (1, 2, 4, 8, 10)  # restarts of a container (a kubelet: 10 s doubling to 5 min)
 
 
 @dataclass
@@ -72,23 +86,97 @@ class Process:
 
 
 @dataclass
+class Container:
+    """One container of a pod the sim runs: its process while it runs, what it last did."""
+
+    name: str
+    process: Process | None = None
+    restarts: int = 0
+    started: str = ""  # RFC 3339, the current or last run
+    exit_code: int | None = None  # of the last run
+    finished: str = ""
+    not_before: float = 0.0  # monotonic: a restart waits for its back-off
+
+
+@dataclass
+class PodRun:
+    """A pod the sim runs on one of its nodes."""
+
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    folder: Path  # its volumes live here
+    containers: dict[str, Container] = field(default_factory=dict)
+    files: dict[str, dict[str, bytes]] = field(default_factory=dict)  # volume -> files written
+    ended: bool = False  # phase Succeeded or Failed reported
+    waiting: str = ""  # why its containers have not started yet (printed once)
+
+    def processes(self) -> list[Process]:
+        return [c.process for c in self.containers.values() if c.process is not None]
+
+
+class ApiLookup:
+    """Secrets, ConfigMaps and tokens as the kubelet reads them, cached for one pass."""
+
+    def __init__(self, api: k8s_client.Api) -> None:
+        self.api = api
+        self.cache: dict[tuple[str, str, str], Mapping[str, bytes] | None] = {}
+
+    def _read(self, kind: str, namespace: str, name: str) -> Mapping[str, bytes] | None:
+        key = (kind, namespace, name)
+        if key not in self.cache:
+            try:
+                if kind == "Secret":
+                    raw = self.api.core.read_namespaced_secret(
+                        name, namespace, _preload_content=False
+                    )
+                    self.cache[key] = kubelet.encoded(json.loads(raw.data).get("data") or {})
+                else:
+                    raw = self.api.core.read_namespaced_config_map(
+                        name, namespace, _preload_content=False
+                    )
+                    data = json.loads(raw.data).get("data") or {}
+                    self.cache[key] = {k: str(v).encode() for k, v in data.items()}
+            except Exception as error:
+                if not k8s_client.is_status(error, 404):
+                    raise
+                self.cache[key] = None
+        return self.cache[key]
+
+    def secret(self, namespace: str, name: str) -> Mapping[str, bytes] | None:
+        return self._read("Secret", namespace, name)
+
+    def config_map(self, namespace: str, name: str) -> Mapping[str, bytes] | None:
+        return self._read("ConfigMap", namespace, name)
+
+    def token(self, namespace: str, account: str, audience: str | None, seconds: int) -> str:
+        spec: dict[str, Any] = {"expirationSeconds": max(seconds, 600)}
+        if audience:
+            spec["audiences"] = [audience]
+        answer = self.api.core.create_namespaced_service_account_token(
+            account, namespace, {"spec": spec}
+        )
+        return str(answer.status.token)
+
+
+@dataclass
 class Sim:
-    """The simulation of one local cluster's kubelets and trainers."""
+    """The simulation of one local cluster's kubelets (daemons and the pods they run)."""
 
     kubeconfig: Path | None
     folder: Path
     supernodes: frozenset[str] = frozenset()  # empty: every supernode
-    step_seconds: float = 0.5
-    state_bytes: int = 64 << 10
     secret: str = field(default_factory=lambda: secrets.token_hex(32))  # the cluster secret
     port: int = field(default_factory=lambda: PORT)  # two sims on one machine need two ports
     persistent_root: Path | None = None  # tier-3 URIs must be inside; None: <folder>/persistent
+    memory_path: str = labels.MEMORY_PATH  # the daemons' tier-1 folder, as pods mount it
+    image: str = kubelet.IMAGE  # pods of this image run as processes
     daemons: dict[str, Process] = field(default_factory=dict)  # node → its daemon
-    trainers: dict[str, Process] = field(default_factory=dict)  # pod uid → its trainer
-    addresses: dict[str, str] = field(default_factory=dict)  # node → loopback address
+    pods: dict[str, PodRun] = field(default_factory=dict)  # pod uid → what runs of it
+    addresses: dict[str, str] = field(default_factory=dict)  # node → its InternalIP
     namespace: str = "default"  # the operator's: where the daemons' Leases go
     announced: dict[str, float] = field(default_factory=dict)  # node → last Lease renewal
-    annotations: dict[str, str] = field(default_factory=dict)  # pod uid -> file content written
 
     def __post_init__(self) -> None:
         self.api = k8s_client.from_kubeconfig(self.kubeconfig)
@@ -119,25 +207,28 @@ class Sim:
             self.shutdown()
 
     def reconcile(self) -> None:
-        """1 nodes and their daemons, 2 their Leases, 3 trainers. (The operator tells the
-        daemons their tier-1 peers, as in a real cluster.)"""
+        """1 nodes and their daemons, 2 their Leases, 3 the pods bound to them. (The operator
+        tells the daemons their tier-1 peers, as in a real cluster.)"""
         nodes = self.nodes()
         healthy = {name for name, node in nodes.items() if _ready(node)}
         serving = {name for name in healthy if not _daemon_down(nodes[name])}
         for name in list(self.daemons):
             if name not in healthy or not self.daemons[name].alive():
-                self.lose_node(name)
+                self.lose_node(name, healthy)
             elif name not in serving:
                 self.lose_daemon(name)
         for name in sorted(serving - set(self.daemons)):
             self.start_daemon(name)
         self.publish(nodes)
-        self.reconcile_trainers(healthy)
+        self.reconcile_pods(set(nodes), healthy)
 
     def shutdown(self) -> None:
-        for process in [*self.trainers.values(), *self.daemons.values()]:
+        for run in self.pods.values():
+            for process in run.processes():
+                process.kill()
+        for process in self.daemons.values():
             process.kill()
-        self.trainers.clear()
+        self.pods.clear()
         self.daemons.clear()
 
     # ---- phase 1: daemons ------------------------------------------------------------------
@@ -149,21 +240,42 @@ class Sim:
             supernode = (node.metadata.labels or {}).get(labels.SUPERNODE)
             if supernode and (not self.supernodes or supernode in self.supernodes):
                 found[node.metadata.name] = node
+        self.learn_addresses(found)
         return found
 
-    def address(self, node: str) -> str:
-        """A loopback address of the node's own: 127.1.x.y, stable for the sim's life."""
-        if node not in self.addresses:
-            index = len(self.addresses) + 1
-            self.addresses[node] = f"127.1.{index // 250}.{index % 250 + 1}"
-        return self.addresses[node]
+    def learn_addresses(self, nodes: Mapping[str, Any]) -> None:
+        """Each node's InternalIP, where its daemon listens: they must differ."""
+        for name, node in nodes.items():
+            addresses = (node.status.addresses or []) if node.status else []
+            internal = [a.address for a in addresses if a.type == "InternalIP"]
+            if internal:
+                self.addresses[name] = internal[0]
+        seen: dict[str, str] = {}
+        for name in sorted(nodes):
+            address = self.addresses.get(name)
+            if address is None:
+                continue
+            if address in seen:
+                raise RuntimeError(
+                    f"nodes {seen[address]} and {name} share the address {address}: the sim "
+                    "runs each node's daemon on its node's InternalIP (create the nodes with "
+                    "`matrixpool cluster up`, which gives each its own loopback address)"
+                )
+            seen[address] = name
 
     def endpoint(self, node: str) -> str:
-        return f"{self.address(node)}:{self.port}"
+        return f"{self.addresses[node]}:{self.port}"
+
+    def node_folder(self, node: str, path: str) -> Path:
+        """A host path of ``node``, as a folder of this machine."""
+        return self.folder / "nodes" / node / path.lstrip("/")
 
     def start_daemon(self, node: str) -> None:
-        memory = self.folder / "memory" / node
+        if node not in self.addresses:
+            return  # no address yet: kwok has not initialised the node
+        memory = self.node_folder(node, self.memory_path)
         shutil.rmtree(memory, ignore_errors=True)  # a node that comes back has empty memory
+        memory.mkdir(parents=True)
         log = self.folder / "logs" / f"daemon-{node}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         ready = self.folder / "ready" / node
@@ -174,7 +286,7 @@ class Sim:
             f"--listen={self.endpoint(node)}",
             f"--node={node}",
             f"--data-dir={self.folder / 'disk' / node}",
-            f"--memory-dir={memory}",
+            f"--memory-dir={self.memory_path}",
             "--memory-bytes=256Mi",
             "--memory-headroom=32Mi",
             f"--secret-file={self.secret_file}",
@@ -182,7 +294,8 @@ class Sim:
             "--log-level=WARNING",
             f"--ready-file={ready}",
         ]
-        self.daemons[node] = _spawn(args, log)
+        mounts = [kubelet.Mount(str(memory), self.memory_path)]  # the DaemonSet's hostPath
+        self.daemons[node] = _spawn(kubelet.launcher(mounts, args), log)
         self.daemons[node].ready_file = ready
         self.announced.pop(node, None)  # a new daemon writes its endpoint afresh
 
@@ -193,7 +306,7 @@ class Sim:
         renewed. A new daemon is announced at once; renewals are spread over the passes (at
         most :data:`RENEWALS_PER_PASS`, the most overdue first, unless some are half a
         duration old: then all of those), so that a hundred Leases falling due together never
-        hold up the trainers' reconciliation."""
+        hold up the pods' reconciliation."""
         now = time.monotonic()
         serving = [n for n in sorted(nodes) if (d := self.daemons.get(n)) and d.ready()]
         new = [n for n in serving if n not in self.announced]
@@ -217,159 +330,258 @@ class Sim:
         if not ready.exists() and nodes and all(n in self.announced for n in nodes):
             ready.write_text(f"{len(nodes)} daemons\n")  # for scripts that wait for the sim
 
-    def lose_node(self, node: str) -> None:
-        """The node is down or gone: its daemon and trainers die, its memory with them."""
-        for uid, trainer in list(self.trainers.items()):
-            if trainer.log.name.startswith(f"{node}."):
-                trainer.kill()
-                del self.trainers[uid]
+    def lose_node(self, node: str, healthy: set[str]) -> None:
+        """The node is down or gone: its daemon and pods' processes die, its memory with them."""
+        for uid, run in list(self.pods.items()):
+            if run.node == node:
+                for process in run.processes():
+                    process.kill()
+                del self.pods[uid]
         self.lose_daemon(node)
 
     def lose_daemon(self, node: str) -> None:
-        """The daemon dies (its memory with it); the node's trainers run on, unable to save.
+        """The daemon dies (its memory with it); the node's pods run on, unable to save.
         Its Lease is no longer renewed."""
         self.daemons.pop(node).kill()
         self.announced.pop(node, None)
-        shutil.rmtree(self.folder / "memory" / node, ignore_errors=True)
+        shutil.rmtree(self.node_folder(node, self.memory_path), ignore_errors=True)
 
-    # ---- phase 3: trainers -------------------------------------------------------------------
+    # ---- phase 3: the process kubelet ------------------------------------------------------
 
-    def reconcile_trainers(self, healthy: set[str]) -> None:
-        """A trainer per Running pod on a healthy node; a trainer that exits on its own ends
-        its pod, Succeeded on exit 0 else Failed (the kubelet's part, restartPolicy Never);
-        each trainer sees its pod's
-        annotations in a file, as a downward-API volume would show them."""
-        pods = self.api.core.list_pod_for_all_namespaces(
-            label_selector=f"{labels.KIND}=TrainingJob"
-        ).items
-        wanted = {
-            p.metadata.uid: p
-            for p in pods
-            if p.status.phase == "Running"
-            and p.spec.node_name in healthy
-            and not p.metadata.deletion_timestamp
-        }
-        for uid in list(self.trainers):
-            trainer = self.trainers[uid]
-            if uid in wanted and not trainer.alive():
-                self.end_pod(wanted.pop(uid), trainer)
-            if uid not in wanted or not trainer.alive():
-                self.trainers.pop(uid).kill()
-                self.annotations.pop(uid, None)
-        jobs: dict[tuple[str, str], list[Any]] = {}
-        for pod in pods:
-            key = (pod.metadata.namespace, pod.metadata.labels.get(labels.JOB, ""))
-            if not pod.metadata.deletion_timestamp:
-                jobs.setdefault(key, []).append(pod)
-        for uid, pod in wanted.items():
-            self.write_annotations(pod)
-            daemon = self.daemons.get(pod.spec.node_name)
-            if uid not in self.trainers and daemon is not None and daemon.ready():
-                self.start_trainer(
-                    pod, jobs[(pod.metadata.namespace, pod.metadata.labels[labels.JOB])]
+    def reconcile_pods(self, nodes: set[str], healthy: set[str]) -> None:
+        """Run the containers of every Running pod of the matrixpool image bound to a healthy
+        node of the sim; end what no longer should run; report exits."""
+        raw = self.api.core.list_pod_for_all_namespaces(_preload_content=False)
+        listed = [
+            p
+            for p in json.loads(raw.data).get("items", [])
+            if (p.get("spec") or {}).get("nodeName") in nodes and kubelet.runs_here(p, self.image)
+        ]
+        by_uid = {p["metadata"]["uid"]: p for p in listed}
+        for uid in list(self.pods):
+            pod = by_uid.get(uid)
+            run = self.pods[uid]
+            if pod is None or pod["metadata"].get("deletionTimestamp") or run.node not in healthy:
+                for process in run.processes():
+                    process.kill()
+                shutil.rmtree(run.folder, ignore_errors=True)
+                del self.pods[uid]
+        lookup = ApiLookup(self.api)
+        for uid, pod in by_uid.items():
+            node = pod["spec"]["nodeName"]
+            if (
+                node not in healthy
+                or pod["metadata"].get("deletionTimestamp")
+                or (pod.get("status") or {}).get("phase") != "Running"
+                or node not in self.addresses
+            ):
+                continue
+            if uid not in self.pods:
+                self.pods[uid] = PodRun(
+                    uid,
+                    pod["metadata"]["namespace"],
+                    pod["metadata"]["name"],
+                    node,
+                    self.folder / "pods" / uid,
                 )
+            run = self.pods[uid]
+            try:
+                self.run_pod(pod, run, lookup)
+            except kubelet.NotReadyError as waiting:
+                if run.waiting != str(waiting):
+                    run.waiting = str(waiting)
+                    print(f"sim: pod {run.namespace}/{run.name} waits: {waiting}", file=sys.stderr)
 
-    def annotations_file(self, uid: str) -> Path:
-        return self.folder / "annotations" / uid
-
-    def write_annotations(self, pod: Any) -> None:
-        """The pod's annotations as ``key="value"`` lines (the downward API's format)."""
-        annotations = pod.metadata.annotations or {}
-        content = "".join(f"{k}={json.dumps(v)}\n" for k, v in sorted(annotations.items()))
-        uid = pod.metadata.uid
-        if self.annotations.get(uid) == content:
+    def run_pod(self, pod: dict[str, Any], run: PodRun, lookup: kubelet.Lookup) -> None:
+        """Keep the pod's volume files current, start what should run, report what ended."""
+        if run.ended:
             return
-        path = self.annotations_file(uid)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_suffix(".tmp")
-        temporary.write_text(content)
-        temporary.replace(path)
-        self.annotations[uid] = content
-
-    def end_pod(self, pod: Any, trainer: Process) -> None:
-        """The trainer exited: the pod Succeeded (code 0) or Failed, as a kubelet reports the
-        one container of a restartPolicy Never pod."""
-        code = trainer.popen.returncode
-        status = {
-            "phase": "Succeeded" if code == 0 else "Failed",
-            "reason": "Completed" if code == 0 else "Error",
-            "message": f"trainer exited with code {code} (log {trainer.log.name})",
-        }
-        try:
-            self.api.core.patch_namespaced_pod_status(
-                pod.metadata.name, pod.metadata.namespace, {"status": status}
-            )
-        except Exception as error:  # the pod may be gone already
-            print(f"sim: could not end pod {pod.metadata.name}: {error}", file=sys.stderr)
-
-    def start_trainer(self, pod: Any, gang: list[Any]) -> None:
-        namespace, job = pod.metadata.namespace, pod.metadata.labels[labels.JOB]
-        body = self.api.custom.get_namespaced_custom_object(
-            "matrixpool.dev", "v1alpha1", namespace, "trainingjobs", job
+        self.write_volumes(pod, run, lookup)
+        policy = pod["spec"].get("restartPolicy") or "Always"
+        now = time.monotonic()
+        changed = False
+        for spec in pod["spec"].get("containers") or []:
+            container = run.containers.setdefault(spec["name"], Container(spec["name"]))
+            process = container.process
+            if process is not None and not process.alive():
+                container.exit_code = process.popen.returncode
+                container.finished = _now()
+                container.process = None
+                restart = policy == "Always" or (policy == "OnFailure" and container.exit_code)
+                if restart:
+                    container.restarts += 1
+                    back_off = BACKOFF_SECONDS[min(container.restarts, len(BACKOFF_SECONDS)) - 1]
+                    container.not_before = now + back_off
+                changed = True
+            first_start = not container.started
+            due = container.process is None and (first_start or container.not_before)
+            if due and now >= container.not_before:
+                self.start_container(pod, run, spec, container, lookup)
+                changed = changed or not first_start
+        done = all(
+            c.process is None and not c.not_before and c.started for c in run.containers.values()
         )
-        checkpoint = (body.get("spec") or {}).get("checkpoint") or {"memory": {"everySteps": 1}}
-        others = sorted({p.spec.node_name for p in gang if p.spec.node_name} - {pod.spec.node_name})
-        restore = (pod.metadata.annotations or {}).get(labels.RESTORE, "")
-        job_key = body["metadata"]["uid"]  # the job's checkpoints and its token are keyed by it
-        env = {
-            **pod_env(pod),  # the sim's own settings below win
-            "MATRIXPOOL_JOB": job_key,
-            "MATRIXPOOL_RANK": pod.metadata.labels[labels.RANK],
-            "MATRIXPOOL_WORLD_SIZE": str(_world_size(gang)),
-            "MATRIXPOOL_CKPT_DAEMON": self.endpoint(pod.spec.node_name),
-            "MATRIXPOOL_CKPT_TOKEN": credentials.job_token(self.secret, job_key),
-            "MATRIXPOOL_CKPT_PEERS": ",".join(self.endpoint(n) for n in others),
-            "MATRIXPOOL_CHECKPOINT": json.dumps(checkpoint),
-            "MATRIXPOOL_RESTORE": restore,
-            "MATRIXPOOL_INCARNATION": str(_incarnation(gang)),
-            "MATRIXPOOL_ANNOTATIONS_FILE": str(self.annotations_file(pod.metadata.uid)),
-            "MATRIXPOOL_SIM_BARRIER": str(
-                self.folder / "barriers" / f"{namespace}.{job}.w{_world_size(gang)}"
-            ),
-            "MATRIXPOOL_SIM_STEP_SECONDS": str(self.step_seconds),
-            "MATRIXPOOL_SIM_STATE_BYTES": str(self.state_bytes),
-        }
-        log = self.folder / "trainers" / f"{pod.spec.node_name}.{namespace}.{pod.metadata.name}.log"
+        if done and run.containers:
+            run.ended = True
+            self.end_pod(pod, run)
+        elif changed:
+            self.report(pod, run)
+
+    def write_volumes(self, pod: dict[str, Any], run: PodRun, lookup: kubelet.Lookup) -> None:
+        """Each file volume's files (rewritten when they change, atomically, as a kubelet
+        swaps its ..data link); folders for emptyDir and hostPath volumes."""
+        for volume in pod["spec"].get("volumes") or []:
+            name = volume["name"]
+            if "hostPath" in volume:
+                kind = volume["hostPath"].get("type", "")
+                folder = self.node_folder(run.node, volume["hostPath"]["path"])
+                if kind in ("DirectoryOrCreate", "") or kind == "Directory":
+                    if kind == "Directory" and not folder.is_dir():
+                        raise kubelet.NotReadyError(
+                            "FailedMount", f"hostPath {volume['hostPath']['path']} is no folder"
+                        )
+                    folder.mkdir(parents=True, exist_ok=True)
+                continue
+            files = kubelet.volume_files(pod, volume, lookup)
+            target = run.folder / "volumes" / name
+            if files is None:  # emptyDir
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            if run.files.get(name) == files:
+                continue
+            staging = run.folder / "volumes" / f".{name}.new"
+            shutil.rmtree(staging, ignore_errors=True)
+            for path, data in files.items():
+                file = staging / path
+                file.parent.mkdir(parents=True, exist_ok=True)
+                file.write_bytes(data)
+            staging.mkdir(parents=True, exist_ok=True)
+            if target.exists():  # the container's bind mount holds the folder: swap contents
+                for path in files:
+                    file = target / path
+                    file.parent.mkdir(parents=True, exist_ok=True)
+                    (staging / path).replace(file)
+                for old in set(run.files.get(name, {})) - set(files):
+                    (target / old).unlink(missing_ok=True)
+                shutil.rmtree(staging, ignore_errors=True)
+            else:
+                staging.replace(target)
+            run.files[name] = files
+
+    def mounts(
+        self, pod: dict[str, Any], run: PodRun, spec: Mapping[str, Any]
+    ) -> list[kubelet.Mount]:
+        volumes = {v["name"]: v for v in pod["spec"].get("volumes") or []}
+        found = []
+        for mount in spec.get("volumeMounts") or []:
+            volume = volumes.get(mount["name"])
+            if volume is None:
+                raise kubelet.NotReadyError("FailedMount", f"no volume {mount['name']!r}")
+            if "hostPath" in volume:
+                source = self.node_folder(run.node, volume["hostPath"]["path"])
+            else:
+                source = run.folder / "volumes" / mount["name"]
+            if mount.get("subPath"):
+                source = source / mount["subPath"]
+            found.append(
+                kubelet.Mount(str(source), mount["mountPath"], bool(mount.get("readOnly")))
+            )
+        return found
+
+    def start_container(
+        self,
+        pod: dict[str, Any],
+        run: PodRun,
+        spec: Mapping[str, Any],
+        container: Container,
+        lookup: kubelet.Lookup,
+    ) -> None:
+        env = kubelet.container_env(pod, spec, lookup, _image_env(pod))
+        argv = kubelet.command_line(spec, env)
+        mounts = self.mounts(pod, run, spec)
+        suffix = "" if spec is pod["spec"]["containers"][0] else f".{spec['name']}"
+        log = self.folder / "trainers" / f"{run.node}.{run.namespace}.{run.name}{suffix}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        trainer = _spawn([sys.executable, "-m", "matrixpool.devcluster.trainer"], log, env)
-        self.trainers[pod.metadata.uid] = trainer
-        log.with_suffix(".pid").write_text(str(trainer.popen.pid))
+        container.process = _spawn(kubelet.launcher(mounts, argv), log, env, inherit=False)
+        container.started = _now()
+        container.not_before = 0.0
+        log.with_suffix(".pid").write_text(str(container.process.popen.pid))
+        run.waiting = ""
 
+    def statuses(self, pod: dict[str, Any], run: PodRun) -> list[dict[str, Any]]:
+        found = []
+        for spec in pod["spec"].get("containers") or []:
+            container = run.containers.get(spec["name"]) or Container(spec["name"])
+            terminated = {
+                "exitCode": container.exit_code,
+                "reason": "Completed" if container.exit_code == 0 else "Error",
+                "startedAt": container.started or None,
+                "finishedAt": container.finished or None,
+            }
+            status: dict[str, Any] = {
+                "name": spec["name"],
+                "image": spec.get("image", ""),
+                "imageID": "",
+                "restartCount": container.restarts,
+                "ready": container.process is not None,
+                "started": container.process is not None,
+            }
+            if container.process is not None:
+                status["state"] = {"running": {"startedAt": container.started}}
+            elif container.not_before:
+                status["state"] = {
+                    "waiting": {"reason": "CrashLoopBackOff", "message": "back-off restarting"}
+                }
+            else:
+                status["state"] = {"terminated": terminated}
+            if container.exit_code is not None and (container.process or container.not_before):
+                status["lastState"] = {"terminated": terminated}
+            found.append(status)
+        return found
 
-def pod_env(pod: Any) -> dict[str, str]:
-    """The plain ``value`` env entries of the pod's first container, as its process would
-    see them. ``valueFrom`` entries are left out (the sim resolves no field or Secret), and so
-    is the token file the pod mounts from its Secret: the sim hands the token itself."""
-    containers = pod.spec.containers or []
-    entries = (containers[0].env or []) if containers else []
-    return {
-        e.name: e.value for e in entries if e.value is not None and e.name != labels.ENV_TOKEN_FILE
-    }
+    def report(self, pod: dict[str, Any], run: PodRun) -> None:
+        """Container states after a restart, as a kubelet reports them."""
+        self.patch_status(run, {"containerStatuses": self.statuses(pod, run)})
 
+    def end_pod(self, pod: dict[str, Any], run: PodRun) -> None:
+        """Every container ended for good: the pod Succeeded (all exited 0) or Failed."""
+        codes = [c.exit_code for c in run.containers.values()]
+        succeeded = all(code == 0 for code in codes)
+        self.patch_status(
+            run,
+            {
+                "phase": "Succeeded" if succeeded else "Failed",
+                "reason": "Completed" if succeeded else "Error",
+                "message": f"containers exited with {codes} (log in {self.folder / 'trainers'})",
+                "containerStatuses": self.statuses(pod, run),
+            },
+        )
 
-def _world_size(gang: list[Any]) -> int:
-    """Ranks of the job, as its live pods tell (status.replicas would lag a shrink)."""
-    ranks = {p.metadata.labels.get(labels.RANK) for p in gang}
-    return max(len(ranks), 1)
-
-
-def _incarnation(gang: list[Any]) -> int:
-    """The run the job is in: the newest incarnation its pods' restore annotations name (a
-    rank added by elastic growth joins it); a gang none of whose pods was told to restore
-    started afresh when its oldest pod was created (milliseconds, so that a restart after a
-    preemption is newer than every recovery before it)."""
-    named = 0
-    for pod in gang:
+    def patch_status(self, run: PodRun, status: Mapping[str, Any]) -> None:
         try:
-            asked = checkpoints.parse_restore((pod.metadata.annotations or {}).get(labels.RESTORE))
-        except ValueError:
-            continue
-        if asked is not None and asked.incarnation is not None:
-            named = max(named, asked.incarnation)
-    if named:
-        return named
-    created = [p.metadata.creation_timestamp for p in gang if p.metadata.creation_timestamp]
-    return int(min(created).timestamp() * 1000) if created else 0
+            self.api.core.patch_namespaced_pod_status(run.name, run.namespace, {"status": status})
+        except Exception as error:  # the pod may be gone already
+            print(f"sim: could not report pod {run.name}: {error}", file=sys.stderr)
+
+
+def _image_env(pod: Mapping[str, Any]) -> dict[str, str]:
+    """The environment of the matrixpool image, stood in for by the sim's own installation
+    (its Python first on PATH), plus what every container gets (HOSTNAME)."""
+    env = {
+        "PATH": os.pathsep.join(
+            [str(Path(sys.executable).parent), os.defpath.strip(":") or "/usr/bin:/bin"]
+        ),
+        "HOME": "/root",
+        "LANG": "C.UTF-8",
+        "HOSTNAME": pod["metadata"]["name"],
+    }
+    if os.environ.get("PYTHONPATH"):  # a checkout run from its source tree
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return env
+
+
+def _now() -> str:
+    return clock.SYSTEM.now().strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _daemon_down(node: Any) -> bool:
@@ -386,17 +598,18 @@ def _script(name: str) -> str:
     return str(beside) if beside.exists() else name
 
 
-def _spawn(args: Iterable[str], log: Path, env: dict[str, str] | None = None) -> Process:
-    """A child that dies with the sim, however the sim ends (no daemon outlives it)."""
-    import os
-
+def _spawn(
+    args: Iterable[str], log: Path, env: Mapping[str, str] | None = None, inherit: bool = True
+) -> Process:
+    """A child that dies with the sim, however the sim ends (no daemon outlives it). A
+    container's process gets exactly ``env``; a daemon the sim's environment too."""
     with open(log, "ab") as out:
         popen = subprocess.Popen(
             list(args),
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env={**os.environ, **(env or {})},
+            env={**(os.environ if inherit else {}), **(env or {})},
             preexec_fn=cluster._die_with_parent,
         )
     return Process(popen, log)

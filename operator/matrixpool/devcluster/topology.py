@@ -72,5 +72,19 @@ def node(shape: Shape, supernode: int, index: int) -> dict[str, Any]:
             "annotations": {KWOK_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
         },
         "spec": {},
-        "status": {"capacity": resources, "allocatable": dict(resources)},
+        "status": {
+            "capacity": resources,
+            "allocatable": dict(resources),
+            "addresses": [
+                {"type": "InternalIP", "address": node_address(shape, supernode, index)},
+                {"type": "Hostname", "address": name},
+            ],
+        },
     }
+
+
+def node_address(shape: Shape, supernode: int, index: int) -> str:
+    """A loopback address of the node's own (127.1.0.1 on): where ``matrixpool sim`` runs its
+    checkpoint daemon, and the ``hostIP`` of its pods (kwok takes it from the node)."""
+    number = supernode * shape.nodes_per_supernode + index
+    return f"127.{1 + number // 62500}.{number // 250 % 250}.{number % 250 + 1}"

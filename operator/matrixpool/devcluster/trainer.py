@@ -1,19 +1,24 @@
 """A simulated trainer rank: the stand-in for a training process in a pod of the local cluster.
 
-Started by ``matrixpool sim`` (one process per Running TrainingJob pod) with the
-``MATRIXPOOL_*`` environment the real trainer images get (see
-``matrixpool_recovery.client.Checkpointer.from_env``). Its state is a function of
-(job, rank, step), so tests can check that restored bytes equal what was saved.
+The command of a TrainingJob pod's container (``python -m matrixpool.devcluster.trainer``, image
+``matrixpool``), run by ``matrixpool sim``'s process kubelet like any container: everything it
+knows comes from the pod the operator wrote (docs/concepts.md, "What your training container
+gets"; ``matrixpool_recovery.client.Checkpointer.from_env``). Its state is a function of
+(job, rank, step), so tests can check that restored bytes equal what was saved. The pod's env
+may also set ``MATRIXPOOL_SIM_STEP_SECONDS`` (compute per step, default 0.5),
+``MATRIXPOOL_SIM_STATE_BYTES`` (state per rank, default 64 KiB) and ``MATRIXPOOL_SIM_STEPS``.
 
 What it does, as a real trainer would:
-1. At start it restores what the pod says (annotation ``matrixpool.dev/restore``, passed as
-   ``MATRIXPOOL_RESTORE``; see :mod:`matrixpool.checkpoints`), else starts at step 0; a
+1. At start it restores what the pod says (annotation ``matrixpool.dev/restore`` in its
+   annotations file; see :mod:`matrixpool.checkpoints`), else starts at step 0; a
    restore that says ``fresh`` (the job had no checkpoint yet) starts at step 0 as the new
    incarnation, reading nothing.
 2. It advances one step every ``MATRIXPOOL_SIM_STEP_SECONDS`` and checkpoints as the job's spec
    says, with the real :class:`~matrixpool_recovery.client.Checkpointer`.
 3. After each step it waits until every rank of the gang finished it (:class:`Barrier`, the
-   stand-in for collectives), so ranks stay in step and a dead rank stops the others.
+   stand-in for collectives: a file per job and world size in ``MATRIXPOOL_SIM_BARRIERS``,
+   default the machine's temporary folder, which every simulated node shares), so ranks stay
+   in step and a dead rank stops the others.
 4. Between steps it reads its pod's annotations (``MATRIXPOOL_ANNOTATIONS_FILE``, the
    downward-API format ``key="value"``): a new ``matrixpool.dev/checkpoint-request`` id is
    answered by saving an agreed near step to every configured tier; a new
@@ -32,6 +37,7 @@ import json
 import os
 import struct
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -45,10 +51,30 @@ STATE_BYTES = 64 << 10  # bytes of simulated state per rank
 STEPS_VARIABLE = "MATRIXPOOL_SIM_STEPS"  # pod env: exit 0 after this step (absent: never)
 
 
+def container(step_seconds: float = 0.5, name: str = "trainer", **env: str) -> dict[str, Any]:
+    """This trainer as a TrainingJob template's container: image ``matrixpool`` (which
+    ``matrixpool sim`` runs as a process), ``step_seconds`` of compute per step, ``env``."""
+    return {
+        "name": name,
+        "image": "matrixpool:sim",
+        "command": ["python", "-m", "matrixpool.devcluster.trainer"],
+        "env": [
+            {"name": "MATRIXPOOL_SIM_STEP_SECONDS", "value": str(step_seconds)},
+            *({"name": k, "value": v} for k, v in env.items()),
+        ],
+    }
+
+
 def state_of(job: str, rank: int, step: int, size: int = STATE_BYTES) -> bytes:
     """The simulated state of ``rank`` after ``step``: deterministic, different every step."""
     seed = hashlib.blake2b(f"{job}/{rank}/{step}".encode(), digest_size=32).digest()
     return (seed * (size // len(seed) + 1))[:size]
+
+
+def barrier_path(env: Mapping[str, str], job: str, world_size: int) -> Path:
+    """Where the gang's ranks meet: one file per job (UID) and world size."""
+    folder = env.get("MATRIXPOOL_SIM_BARRIERS") or tempfile.gettempdir()
+    return Path(folder) / "matrixpool-barriers" / f"{job}.w{world_size}"
 
 
 def read_annotations(path: str | None) -> dict[str, str]:
@@ -125,11 +151,10 @@ class Trainer:
         self.pause = float(env.get("MATRIXPOOL_SIM_STEP_SECONDS") or 0.5)
         self.steps = int(env.get(STEPS_VARIABLE) or 0)  # the last step; 0: train forever
         self.annotations_file = env.get("MATRIXPOOL_ANNOTATIONS_FILE")
-        barrier = env.get("MATRIXPOOL_SIM_BARRIER")
         world = self.checkpointer.world_size
-        self.barrier = Barrier(Path(barrier), world) if barrier else None
+        self.barrier = Barrier(barrier_path(env, self.job, world), world) if world > 1 else None
         seen = read_annotations(self.annotations_file)
-        self.restore_seen = env.get("MATRIXPOOL_RESTORE") or seen.get(labels.RESTORE, "")
+        self.restore_seen = seen.get(labels.RESTORE, "")
         self.request_seen = seen.get(labels.CHECKPOINT_REQUEST, "")
         self.answer_at: tuple[str, int] | None = None  # (request, step) to save on every tier
         self.step = self.restore(self.restore_seen)

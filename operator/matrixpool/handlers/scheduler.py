@@ -917,6 +917,9 @@ def training_contracts(
     checkpoint = common.to_wire(workload.model.spec.checkpoint)
     checkpoint.pop("graceSeconds", None)  # the operator's business, not the trainer's
     port, memory_path = pods.daemon_settings()
+    credential = (
+        checkpoints.secret() is not None
+    )  # then the job's Secret is written (handlers.credentials)
     return {
         plan.name: pods.TrainingContract(
             job_uid=workload.uid,
@@ -925,6 +928,7 @@ def training_contracts(
             checkpoint=json.dumps(checkpoint, sort_keys=True),
             daemon_port=port,
             memory_path=memory_path,
+            credential=credential,
         )
         for gang in wanted
         for plan in gang.pods

@@ -76,6 +76,8 @@ class TrainingContract:
     checkpoint: str = "{}"  # the job's spec.checkpoint as JSON ("{}": it saves none)
     daemon_port: int = labels.DAEMON_PORT  # the node daemons' port (on the node's address)
     memory_path: str = labels.MEMORY_PATH  # the daemons' tier-1 folder on every node
+    credential: bool = False  # the operator writes the job's token Secret (it holds the
+    # cluster secret): the pod then waits for it, as a kubelet waits for a Secret it must mount
 
 
 def daemon_settings() -> tuple[int, str]:
@@ -141,28 +143,32 @@ def _give_training_contract(
     spec: dict[str, Any], container: dict[str, Any], training: TrainingContract
 ) -> None:
     """Identity, rank, world size, run, checkpoint spec, the node daemon's address, the job's
-    credential (its Secret, ``matrixpool.k8s.secrets``; optional, so that a cluster without
-    checkpoint daemons still runs the pod), the pod's annotations as a downward-API file kept
-    current (restore, checkpoint request) and the daemon's tier-1 folder. Entries of the
-    template with these names are replaced; the user's other env and volumes stay."""
+    credential (its Secret, ``matrixpool.k8s.secrets``; optional when the operator writes
+    none, so that a cluster without checkpoint daemons still runs the pod), the pod's
+    annotations as a downward-API file kept current (restore, checkpoint request) and the
+    daemon's tier-1 folder. Entries of the template with these names are replaced; the
+    user's other env and volumes stay."""
     credential = "matrixpool-checkpoint-credential"
     info = "matrixpool-pod-info"
     memory = "matrixpool-checkpoint-memory"
-    secret = {"secretName": labels.credential_secret(training.job_uid), "optional": True}
+    secret = {
+        "secretName": labels.credential_secret(training.job_uid),
+        "optional": not training.credential,
+    }
     pod_info = {
         "items": [
             {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}},
             {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}},
         ]
     }
-    ours = {
+    ours: dict[str, dict[str, Any]] = {
         credential: {"secret": secret},
         info: {"downwardAPI": pod_info},
         memory: {"hostPath": {"path": training.memory_path, "type": "DirectoryOrCreate"}},
     }
     volumes = [v for v in spec.get("volumes", []) if v.get("name") not in ours]
     spec["volumes"] = [*volumes, *({"name": n, **v} for n, v in ours.items())]
-    mounts = {
+    mounts: dict[str, dict[str, Any]] = {
         credential: {"mountPath": labels.CREDENTIAL_MOUNT, "readOnly": True},
         info: {"mountPath": labels.POD_INFO_MOUNT, "readOnly": True},
         memory: {"mountPath": training.memory_path},
