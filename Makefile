@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv binaries crds crds-check lint typecheck imports helm-lint unit integration chaos test demo clean
+.PHONY: venv binaries crds crds-check lint typecheck imports helm-lint unit integration chaos e2e test demo clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -50,7 +50,11 @@ chaos: venv binaries
 checkpoint: venv
 	$(BIN)/pytest tests/checkpoint -q
 
-test: lint typecheck imports crds-check helm-lint unit integration checkpoint chaos
+# The chart installed by helm, its operator and daemons run by matrixpool sim's process kubelet.
+e2e: venv binaries
+	$(BIN)/pytest tests/e2e -q
+
+test: lint typecheck imports crds-check helm-lint unit integration checkpoint chaos e2e
 
 demo: venv binaries
 	$(BIN)/matrixpool demo

@@ -144,6 +144,21 @@ def _parser() -> argparse.ArgumentParser:
         "default /dev/shm/matrixpool)",
     )
     sim.add_argument(
+        "--daemons",
+        choices=("sim", "chart"),
+        default="sim",
+        help="sim: run a checkpoint daemon per node itself; chart: the chart's DaemonSet "
+        "runs them (its pods, like every pod of the matrixpool image)",
+    )
+    sim.add_argument(
+        "--shared-path",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a host path that is one folder on every node, as a shared file system "
+        "mounted on each (e.g. the chart's checkpointDaemon.persistentPath); repeatable",
+    )
+    sim.add_argument(
         "--image",
         default=None,
         help="pods whose containers all have this image repository run as processes "
@@ -300,6 +315,8 @@ def _sim(args: argparse.Namespace) -> int:
         **({"port": args.port} if args.port else {}),
         **({"memory_path": args.memory_path} if args.memory_path else {}),
         **({"image": args.image} if args.image else {}),
+        daemons_from=args.daemons,
+        shared_paths=tuple(args.shared_path),
         **({"persistent_root": args.persistent_root} if args.persistent_root else {}),
         namespace=args.namespace,
     )

@@ -155,10 +155,14 @@ class Sim:
     persistent_root: Path | None = None  # tier-3 URIs must be inside; None: folder/persistent
     process: subprocess.Popen[bytes] | None = field(default=None)
     port: int = field(default_factory=lambda: cluster.free_ports(1)[0])  # other sims run beside
+    daemons: str = "sim"  # "chart": the chart's DaemonSet runs the daemons (as pods of the sim)
+    shared_paths: tuple[str, ...] = ()  # host paths that are one folder on every node
 
     def start(self) -> Sim:
         argv = [sys.executable, "-m", "matrixpool.cli", "sim", "--folder", str(self.folder)]
-        argv += ["--port", str(self.port)]
+        argv += ["--port", str(self.port), "--daemons", self.daemons]
+        for path in self.shared_paths:
+            argv += ["--shared-path", path]
         if self.persistent_root is not None:
             argv += ["--persistent-root", str(self.persistent_root)]
         for name in self.supernodes:
@@ -172,11 +176,12 @@ class Sim:
             start_new_session=True,
         )
         log.close()
-        eventually(
-            lambda: (self.folder / "serving").exists(),
-            timeout=180,
-            what="every simulated node's checkpoint daemon published",
-        )
+        if self.daemons == "sim":
+            eventually(
+                lambda: (self.folder / "serving").exists(),
+                timeout=180,
+                what="every simulated node's checkpoint daemon published",
+            )
         return self
 
     @property
@@ -228,11 +233,12 @@ def gang_pods(cluster: TestCluster, namespace: str | None = None) -> list[dict[s
     return list(json.loads(out)["items"])
 
 
-def daemon_endpoints(cluster: TestCluster) -> dict[str, str]:
+def daemon_endpoints(cluster: TestCluster, namespace: str | None = None) -> dict[str, str]:
     """Node → its checkpoint daemon's host:port, as the daemons' Leases in the operator's
-    namespace announce it (matrixpool.k8s.daemonleases)."""
+    namespace (``namespace``; default this process's) announce it
+    (matrixpool.k8s.daemonleases)."""
     leases = cluster.api.coordination.list_namespaced_lease(
-        k8s_client.operator_namespace(), label_selector=f"{labels.CKPT_DAEMON}=true"
+        namespace or k8s_client.operator_namespace(), label_selector=f"{labels.CKPT_DAEMON}=true"
     ).items
     return {
         lease.spec.holder_identity: (lease.metadata.annotations or {}).get(labels.CKPT_ENDPOINT, "")

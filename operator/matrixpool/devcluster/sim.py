@@ -47,6 +47,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,11 +110,14 @@ class PodRun:
     folder: Path  # its volumes live here
     containers: dict[str, Container] = field(default_factory=dict)
     files: dict[str, dict[str, bytes]] = field(default_factory=dict)  # volume -> files written
+    inits: dict[str, Container] = field(default_factory=dict)  # its init containers
+    initialized: bool = False  # every init container exited 0
     ended: bool = False  # phase Succeeded or Failed reported
     waiting: str = ""  # why its containers have not started yet (printed once)
 
     def processes(self) -> list[Process]:
-        return [c.process for c in self.containers.values() if c.process is not None]
+        every = [*self.inits.values(), *self.containers.values()]
+        return [c.process for c in every if c.process is not None]
 
 
 class ApiLookup:
@@ -172,6 +176,10 @@ class Sim:
     persistent_root: Path | None = None  # tier-3 URIs must be inside; None: <folder>/persistent
     memory_path: str = labels.MEMORY_PATH  # the daemons' tier-1 folder, as pods mount it
     image: str = kubelet.IMAGE  # pods of this image run as processes
+    daemons_from: str = "sim"  # "sim": it runs a daemon per node; "chart": the DaemonSet's pods
+    shared_paths: tuple[str, ...] = ()  # host paths every node shares (a shared file system)
+    daemon_down: set[str] = field(default_factory=set)  # nodes whose daemon a fault keeps down
+    healthy_before: set[str] = field(default_factory=set)  # Ready nodes of the last pass
     daemons: dict[str, Process] = field(default_factory=dict)  # node → its daemon
     pods: dict[str, PodRun] = field(default_factory=dict)  # pod uid → what runs of it
     addresses: dict[str, str] = field(default_factory=dict)  # node → its InternalIP
@@ -212,14 +220,19 @@ class Sim:
         nodes = self.nodes()
         healthy = {name for name, node in nodes.items() if _ready(node)}
         serving = {name for name in healthy if not _daemon_down(nodes[name])}
-        for name in list(self.daemons):
-            if name not in healthy or not self.daemons[name].alive():
-                self.lose_node(name, healthy)
-            elif name not in serving:
-                self.lose_daemon(name)
-        for name in sorted(serving - set(self.daemons)):
-            self.start_daemon(name)
-        self.publish(nodes)
+        self.daemon_down = healthy - serving
+        for name in self.healthy_before - healthy:  # a node down loses its memory (tmpfs)
+            shutil.rmtree(self.node_folder(name, self.memory_path), ignore_errors=True)
+        self.healthy_before = healthy
+        if self.daemons_from == "sim":
+            for name in list(self.daemons):
+                if name not in healthy or not self.daemons[name].alive():
+                    self.lose_node(name)
+                elif name not in serving:
+                    self.lose_daemon(name)
+            for name in sorted(serving - set(self.daemons)):
+                self.start_daemon(name)
+            self.publish(nodes)
         self.reconcile_pods(set(nodes), healthy)
 
     def shutdown(self) -> None:
@@ -267,8 +280,14 @@ class Sim:
         return f"{self.addresses[node]}:{self.port}"
 
     def node_folder(self, node: str, path: str) -> Path:
-        """A host path of ``node``, as a folder of this machine."""
-        return self.folder / "nodes" / node / path.lstrip("/")
+        """A host path of ``node``, as a folder of this machine; one under a shared path is
+        the same folder on every node (a shared file system mounted on each)."""
+        inside = path.strip("/")
+        for shared in self.shared_paths:
+            prefix = shared.strip("/")
+            if inside == prefix or inside.startswith(prefix + "/"):
+                return self.folder / "shared" / inside
+        return self.folder / "nodes" / node / inside
 
     def start_daemon(self, node: str) -> None:
         if node not in self.addresses:
@@ -330,7 +349,7 @@ class Sim:
         if not ready.exists() and nodes and all(n in self.announced for n in nodes):
             ready.write_text(f"{len(nodes)} daemons\n")  # for scripts that wait for the sim
 
-    def lose_node(self, node: str, healthy: set[str]) -> None:
+    def lose_node(self, node: str) -> None:
         """The node is down or gone: its daemon and pods' processes die, its memory with them."""
         for uid, run in list(self.pods.items()):
             if run.node == node:
@@ -393,26 +412,21 @@ class Sim:
                     print(f"sim: pod {run.namespace}/{run.name} waits: {waiting}", file=sys.stderr)
 
     def run_pod(self, pod: dict[str, Any], run: PodRun, lookup: kubelet.Lookup) -> None:
-        """Keep the pod's volume files current, start what should run, report what ended."""
+        """Keep the pod's volume files current, run its init containers one after the other
+        (each to exit 0), then start what should run, and report what ended."""
         if run.ended:
             return
         self.write_volumes(pod, run, lookup)
         policy = pod["spec"].get("restartPolicy") or "Always"
+        if not self.initialize(pod, run, lookup, policy):
+            return
         now = time.monotonic()
         changed = False
         for spec in pod["spec"].get("containers") or []:
             container = run.containers.setdefault(spec["name"], Container(spec["name"]))
-            process = container.process
-            if process is not None and not process.alive():
-                container.exit_code = process.popen.returncode
-                container.finished = _now()
-                container.process = None
-                restart = policy == "Always" or (policy == "OnFailure" and container.exit_code)
-                if restart:
-                    container.restarts += 1
-                    back_off = BACKOFF_SECONDS[min(container.restarts, len(BACKOFF_SECONDS)) - 1]
-                    container.not_before = now + back_off
-                changed = True
+            changed = self.reap(container, policy, now) or changed
+            if self.stopped(pod, run):
+                continue
             first_start = not container.started
             due = container.process is None and (first_start or container.not_before)
             if due and now >= container.not_before:
@@ -426,6 +440,61 @@ class Sim:
             self.end_pod(pod, run)
         elif changed:
             self.report(pod, run)
+
+    def reap(self, container: Container, policy: str, now: float) -> bool:
+        """Whether ``container``'s process exited; if so its restart waits for its back-off
+        (``Always``, or ``OnFailure`` after a non-zero exit)."""
+        process = container.process
+        if process is None or process.alive():
+            return False
+        container.exit_code = process.popen.returncode
+        container.finished = _now()
+        container.process = None
+        if policy == "Always" or (policy == "OnFailure" and container.exit_code):
+            container.restarts += 1
+            back_off = BACKOFF_SECONDS[min(container.restarts, len(BACKOFF_SECONDS)) - 1]
+            container.not_before = now + back_off
+        return True
+
+    def initialize(
+        self, pod: dict[str, Any], run: PodRun, lookup: kubelet.Lookup, policy: str
+    ) -> bool:
+        """Whether every init container has exited 0; starts the next one when due. One that
+        fails is run again (back-off), unless the pod's restartPolicy is Never: then the pod
+        Failed."""
+        if run.initialized:
+            return True
+        now = time.monotonic()
+        for spec in pod["spec"].get("initContainers") or []:
+            init = run.inits.setdefault(spec["name"], Container(spec["name"]))
+            if init.exit_code == 0 and init.process is None:
+                continue  # done
+            self.reap(init, "OnFailure", now)
+            if init.exit_code not in (None, 0) and init.process is None and policy == "Never":
+                run.ended = True
+                run.containers = {init.name: init}
+                self.end_pod(pod, run)
+                return False
+            if init.process is None and init.exit_code != 0 and now >= init.not_before:
+                self.start_container(pod, run, spec, init, lookup)
+            return False
+        run.initialized = True
+        return True
+
+    def stopped(self, pod: dict[str, Any], run: PodRun) -> bool:
+        """A checkpoint daemon's pod on a node whose daemon a fault keeps down (``cluster
+        fault daemon-down``, when the chart runs the daemons): its processes are killed and
+        not started again until ``daemon-up``."""
+        if self.daemons_from != "chart" or run.node not in self.daemon_down:
+            return False
+        component = (pod["metadata"].get("labels") or {}).get("app.kubernetes.io/component")
+        if component != "checkpoint-daemon":
+            return False
+        for container in run.containers.values():
+            if container.process is not None:
+                container.process.kill()
+                container.process = None
+        return True
 
     def write_volumes(self, pod: dict[str, Any], run: PodRun, lookup: kubelet.Lookup) -> None:
         """Each file volume's files (rewritten when they change, atomically, as a kubelet
@@ -496,7 +565,7 @@ class Sim:
         container: Container,
         lookup: kubelet.Lookup,
     ) -> None:
-        env = kubelet.container_env(pod, spec, lookup, _image_env(pod))
+        env = kubelet.container_env(pod, spec, lookup, self.image_env(pod))
         argv = kubelet.command_line(spec, env)
         mounts = self.mounts(pod, run, spec)
         suffix = "" if spec is pod["spec"]["containers"][0] else f".{spec['name']}"
@@ -539,6 +608,20 @@ class Sim:
             found.append(status)
         return found
 
+    def image_env(self, pod: Mapping[str, Any]) -> dict[str, str]:
+        """What a container gets before the pod's env: the image's environment, and where
+        the API server is (``KUBERNETES_SERVICE_HOST``/``PORT``: a kubelet names the
+        ``kubernetes`` Service, which kube-proxy forwards to the API server; with no
+        kube-proxy here, the API server's own address), so that in-cluster clients find it
+        with the pod's service-account token."""
+        server = urllib.parse.urlsplit(self.api.client.configuration.host)
+        return {
+            **_image_env(pod),
+            "KUBERNETES_SERVICE_HOST": server.hostname or "127.0.0.1",
+            "KUBERNETES_SERVICE_PORT": str(server.port or 443),
+            "KUBERNETES_SERVICE_PORT_HTTPS": str(server.port or 443),
+        }
+
     def report(self, pod: dict[str, Any], run: PodRun) -> None:
         """Container states after a restart, as a kubelet reports them."""
         self.patch_status(run, {"containerStatuses": self.statuses(pod, run)})
@@ -566,7 +649,7 @@ class Sim:
 
 def _image_env(pod: Mapping[str, Any]) -> dict[str, str]:
     """The environment of the matrixpool image, stood in for by the sim's own installation
-    (its Python first on PATH), plus what every container gets (HOSTNAME)."""
+    (its Python first on PATH), plus the pod's HOSTNAME."""
     env = {
         "PATH": os.pathsep.join(
             [str(Path(sys.executable).parent), os.defpath.strip(":") or "/usr/bin:/bin"]

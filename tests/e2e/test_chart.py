@@ -1,0 +1,228 @@
+"""Recovery after ``helm install`` (issue 13): the chart's operator and checkpoint daemons,
+run by the sim's process kubelet, carry a TrainingJob made from examples/trainingjob-elastic.yaml
+through a node failure (SpareSwap from the peer copy), a crashed trainer (InPlace), the loss of
+every daemon of its supernode (Reschedule from tier 3) and a killed operator (restarted by its
+kubelet), and run another to completion (Succeeded)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from typing import Any
+
+import yaml
+
+from matrixpool.devcluster import trainer
+from tests.e2e.conftest import REPO, SHARED, SYSTEM, Installed
+from tests.integration import framework
+
+JOB = "finetune-elastic"
+EXAMPLES = REPO / "examples"
+
+
+def example_job(name: str = JOB, **env: str) -> dict[str, Any]:
+    """examples/trainingjob-elastic.yaml, with the simulated trainer as its container (the
+    example names an image of its own), 4 ranks (2 at least) and tier 3 under the shared
+    persistentPath; checkpoints every 2 steps in memory, every 4 on tier 3."""
+    body = yaml.safe_load((EXAMPLES / "trainingjob-elastic.yaml").read_text())
+    body["metadata"]["name"] = name
+    spec = body["spec"]
+    spec.update(replicas=4, minReplicas=2)
+    spec["template"]["spec"]["containers"] = [trainer.container(0.2, **env)]
+    spec["checkpoint"] = {
+        "memory": {"everySteps": 2, "peerReplicas": 1},
+        "persistent": {"everySteps": 4, "uri": f"file://{SHARED}/{name}"},
+    }
+    return body
+
+
+def status(cluster: framework.TestCluster, namespace: str, name: str = JOB) -> dict[str, Any]:
+    body = cluster.api.custom.get_namespaced_custom_object(
+        "matrixpool.dev", "v1alpha1", namespace, "trainingjobs", name
+    )
+    return dict(body.get("status") or {})
+
+
+def placed(cluster: framework.TestCluster, namespace: str, name: str = JOB) -> dict[int, Any]:
+    """Rank → its live pod."""
+    items = cluster.api.core.list_namespaced_pod(
+        namespace, label_selector=f"matrixpool.dev/job={name}"
+    ).items
+    return {
+        int(p.metadata.labels["matrixpool.dev/rank"]): p
+        for p in items
+        if not p.metadata.deletion_timestamp
+    }
+
+
+def training(cluster: framework.TestCluster, namespace: str, past: int) -> dict[str, Any]:
+    def probe() -> dict[str, Any] | None:
+        now = status(cluster, namespace)
+        step = (now.get("checkpoints") or {}).get("memory")
+        running = now.get("phase") == "Running" and not now.get("recovering")
+        return now if running and isinstance(step, int) and step > past else None
+
+    return framework.eventually(probe, timeout=120, what=f"{JOB} running past step {past}")
+
+
+def recovered(cluster: framework.TestCluster, namespace: str, count: int) -> dict[str, Any]:
+    def probe() -> dict[str, Any] | None:
+        now = status(cluster, namespace)
+        entries = now.get("recoveries") or []
+        done = len(entries) >= count and now.get("phase") == "Running"
+        return entries[count - 1] if done and not now.get("recovering") else None
+
+    return framework.eventually(probe, timeout=150, what=f"recovery {count} of {JOB}")
+
+
+def restores(
+    installed: Installed, namespace: str, entry: dict[str, Any], ranks: int
+) -> dict[int, dict[str, Any]]:
+    """Every rank's trainer reloaded the entry's step with the bytes it saved."""
+    found = {}
+    for rank in range(ranks):
+
+        def line(rank: int = rank) -> dict[str, Any] | None:
+            lines = [
+                x
+                for x in installed.sim.trainer_lines(namespace, f"{JOB}-{rank}")
+                if x.get("recovery") == entry["id"] and "restored" in x
+            ]
+            return lines[-1] if lines else None
+
+        got = framework.eventually(line, timeout=60, what=f"rank {rank} restores {entry['id']}")
+        assert got["restored"] == entry["restoredStep"], got
+        assert got["intact"] is True, got
+        found[rank] = got
+    return found
+
+
+def pid_of(installed: Installed, pod: Any) -> int:
+    path = (
+        installed.sim.folder
+        / "trainers"
+        / (f"{pod.spec.node_name}.{pod.metadata.namespace}.{pod.metadata.name}.pid")
+    )
+    return int(path.read_text())
+
+
+def test_the_chart_installs_an_operator_and_daemons_that_run_under_their_kubelet(
+    installed: Installed,
+) -> None:
+    cluster = installed.cluster
+    operator = installed.operator_pod()
+    assert operator["spec"]["serviceAccountName"] == "matrixpool"
+    log = installed.log_of(operator)
+    assert '"main loop started"' in log or "main loop started" in log
+    daemons = installed.pods("checkpoint-daemon")
+    assert len(daemons) == 16
+    endpoints = framework.daemon_endpoints(cluster, SYSTEM)
+    for pod in daemons:
+        node = pod["spec"]["nodeName"]
+        assert endpoints[node] == f"{pod['status']['hostIP']}:{installed.ports['daemon']}"
+
+
+def test_a_job_from_the_examples_recovers_through_the_charts_daemons(
+    installed: Installed, namespace: str
+) -> None:
+    cluster = installed.cluster
+    for name in ("supernode-cloudmatrix384.yaml", "supernode-cloudmatrix384-b.yaml"):
+        cluster.kubectl("apply", "-f", str(EXAMPLES / name))
+    body = example_job()
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
+    training(cluster, namespace, past=6)
+    operator_node = installed.operator_pod()["spec"]["nodeName"]
+
+    # 1. A node down under a rank: the rank moves to the spare, from its peer copy.
+    pods = placed(cluster, namespace)
+    nodes = {rank: pod.spec.node_name for rank, pod in pods.items()}
+    rank = next(r for r, n in sorted(nodes.items()) if n != operator_node and r > 0)
+    victim = nodes[rank]
+    cluster.matrixpool("cluster", "fault", "node-down", victim)
+    try:
+        entry = recovered(cluster, namespace, 1)
+    finally:
+        cluster.matrixpool("cluster", "fault", "node-up", victim)
+    assert entry["level"] == "SpareSwap", entry
+    assert entry["ranks"] == [rank], entry
+    lines = restores(installed, namespace, entry, 4)
+    assert lines[rank]["source"].startswith("peer"), lines[rank]  # its node's memory is gone
+
+    # 2. A trainer crashes: its rank restarts in place from its node's memory.
+    training(cluster, namespace, past=entry["restoredStep"] + 2)
+    pods = placed(cluster, namespace)
+    os.kill(pid_of(installed, pods[0]), signal.SIGKILL)
+    entry = recovered(cluster, namespace, 2)
+    assert entry["level"] == "InPlace", entry
+    assert entry["ranks"] == [0], entry
+    restores(installed, namespace, entry, 4)
+
+    # 3. The operator is killed: its kubelet starts it again, and the job trains on.
+    operator = installed.operator_pod()
+    path = (
+        installed.sim.folder
+        / "trainers"
+        / (f"{operator['spec']['nodeName']}.{SYSTEM}.{operator['metadata']['name']}.pid")
+    )
+    os.kill(int(path.read_text()), signal.SIGKILL)
+    restarted = framework.eventually(
+        lambda: (
+            (s := (installed.operator_pod()["status"].get("containerStatuses") or [{}])[0]).get(
+                "restartCount"
+            )
+            and "running" in s.get("state", {})
+            and s
+        ),
+        timeout=60,
+        what="the operator restarted by its kubelet",
+    )
+    assert restarted["restartCount"] == 1, restarted
+    before = status(cluster, namespace)["checkpoints"]["memory"]
+    training(cluster, namespace, past=before + 2)
+
+    # 4. Every daemon of the job's supernode down: the gang goes to the other supernode and
+    #    restores from tier 3 (the daemons' shared persistentPath, read by the operator too).
+    first = framework.eventually(
+        lambda: (
+            (s := status(cluster, namespace))["checkpoints"].get("persistent")
+            and s["placement"]["superNode"]
+        ),
+        timeout=60,
+        what="a tier-3 checkpoint",
+    )
+    members = [
+        n.metadata.name
+        for n in cluster.api.core.list_node(
+            label_selector=f"matrixpool.dev/supernode={first}"
+        ).items
+    ]
+    cluster.matrixpool("cluster", "fault", "daemon-down", *members)
+    try:
+        entry = recovered(cluster, namespace, 3)
+        after = status(cluster, namespace)
+    finally:
+        cluster.matrixpool("cluster", "fault", "daemon-up", *members)
+    assert entry["level"] == "Reschedule", entry
+    assert entry["cause"].startswith("DaemonUnreachable"), entry
+    assert after["placement"]["superNode"] != first
+    lines = restores(installed, namespace, entry, 4)
+    assert {line["source"] for line in lines.values()} == {"persistent"}
+
+
+def test_a_job_run_to_its_end_succeeds(installed: Installed, namespace: str) -> None:
+    cluster = installed.cluster
+    for name in ("supernode-cloudmatrix384.yaml", "supernode-cloudmatrix384-b.yaml"):
+        cluster.kubectl("apply", "-f", str(EXAMPLES / name))
+    body = example_job("short", MATRIXPOOL_SIM_STEPS="8")
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
+    done = framework.eventually(
+        lambda: (s := status(cluster, namespace, "short")).get("phase") == "Succeeded" and s,
+        timeout=120,
+        what="short Succeeded",
+    )
+    assert any(c["type"] == "Complete" and c["status"] == "True" for c in done["conditions"])
+    for pod in placed(cluster, namespace, "short").values():
+        assert pod.status.phase == "Succeeded"
+        [state] = pod.status.container_statuses
+        assert state.state.terminated.exit_code == 0
