@@ -243,7 +243,7 @@ def test_probe_asks_kopf_liveness_endpoint_on_port_8080(helm: Helm, probe: str) 
     [
         pytest.param(
             (),
-            ["run", "--liveness=http://0.0.0.0:8080/healthz"],
+            ["run", "--liveness=http://0.0.0.0:8080/healthz", "--metrics-port=9090"],
             id="by default it runs standalone over all namespaces",
         ),
         pytest.param(
@@ -251,6 +251,7 @@ def test_probe_asks_kopf_liveness_endpoint_on_port_8080(helm: Helm, probe: str) 
             [
                 "run",
                 "--liveness=http://0.0.0.0:8080/healthz",
+                "--metrics-port=9090",
                 "--namespace=ml",
                 "--namespace=serving",
             ],
@@ -258,12 +259,22 @@ def test_probe_asks_kopf_liveness_endpoint_on_port_8080(helm: Helm, probe: str) 
         ),
         pytest.param(
             ("operator.peering.enabled=true", "operator.peering.name=pool"),
-            ["run", "--liveness=http://0.0.0.0:8080/healthz", "--peering=pool"],
+            [
+                "run",
+                "--liveness=http://0.0.0.0:8080/healthz",
+                "--metrics-port=9090",
+                "--peering=pool",
+            ],
             id="peering passes its name",
         ),
         pytest.param(
             ("operator.peering.enabled=true",),
-            ["run", "--liveness=http://0.0.0.0:8080/healthz", "--peering=mp-matrixpool"],
+            [
+                "run",
+                "--liveness=http://0.0.0.0:8080/healthz",
+                "--metrics-port=9090",
+                "--peering=mp-matrixpool",
+            ],
             id="peering without a name uses the release's full name",
         ),
     ],
@@ -272,6 +283,12 @@ def test_operator_args_follow_the_values(
     helm: Helm, sets: tuple[str, ...], expected_args: list[str]
 ) -> None:
     assert operator_container(helm.render(*sets))["args"] == expected_args
+
+
+def test_the_operator_serves_metrics_on_the_port_the_service_targets(helm: Helm) -> None:
+    args = operator_container(helm.render("metrics.port=9191"))["args"]
+    assert "--metrics-port=9191" in args
+    assert "--metrics-port=0" in operator_container(helm.render("metrics.enabled=false"))["args"]
 
 
 def test_logs_are_json_at_info_level_by_default(helm: Helm) -> None:

@@ -163,3 +163,17 @@ def test_the_launcher_binds_volumes_where_the_container_sees_them(tmp_path: Path
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     assert out.split() == ["secret", "read-only"]
     assert not (target / "token").exists()  # outside the namespace nothing is mounted
+
+
+def test_a_mount_over_a_folder_holding_other_sources_comes_last() -> None:
+    mounts = [
+        kubelet.Mount("/srv/sim/pods/p/tmp", "/tmp"),
+        kubelet.Mount("/tmp/sim/pods/p/secret", "/etc/checkpoint"),
+        kubelet.Mount("/tmp/sim/pods/p/info", "/var/run/matrixpool/pod"),
+        kubelet.Mount("/tmp/sim/nodes/n/data", "/var/run"),
+    ]
+    argv = kubelet.launcher(mounts, ["true"])
+    script = argv[argv.index("-c") + 1]
+    targets = [line.split()[-1] for line in script.splitlines() if line.startswith("mount --bind")]
+    assert targets[-1] == "/tmp"  # it would hide the other sources
+    assert targets.index("/var/run") < targets.index("/var/run/matrixpool/pod")  # parent first

@@ -158,3 +158,21 @@ def test_a_gang_with_no_live_pod_starts_a_new_run() -> None:
         c.checkpoint for c in scheduler.training_contracts(saving, [gang_of(saving)], {}).values()
     }
     assert json.loads(told) == {"memory": {"everySteps": 2, "peerReplicas": 1}}
+
+
+def test_tier_3_is_mounted_read_only_when_the_jobs_uri_lies_in_the_daemons_shared_folder(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("MATRIXPOOL_CKPT_PERSISTENT_PATH", "/mnt/shared")
+    inside = worlds.job("in", 1, checkpoint=True)
+    outside = worlds.job("out", 1, checkpoint=True)
+    for job, uri in ((inside, "file:///mnt/shared/in"), (outside, "file:///elsewhere/out")):
+        assert isinstance(job.model, trainingjob.TrainingJob)
+        job.model.spec.checkpoint.persistent = trainingjob.PersistentTier(every_steps=5, uri=uri)
+    [told] = scheduler.training_contracts(inside, [gang_of(inside)], {}).values()
+    assert told.persistent_path == "/mnt/shared"
+    [other] = scheduler.training_contracts(outside, [gang_of(outside)], {}).values()
+    assert other.persistent_path == ""  # the user's own mount, if any
+    pod = pods.manifest(plan(), {}, OWNER, worlds.CARDS, told)
+    mounts = {m["mountPath"]: m for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    assert mounts["/mnt/shared"]["readOnly"] is True

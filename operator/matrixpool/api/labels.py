@@ -55,6 +55,7 @@ ENV_ANNOTATIONS_FILE = "MATRIXPOOL_ANNOTATIONS_FILE"  # the pod's annotations, k
 POD_INFO_MOUNT = "/var/run/matrixpool/pod"  # downward-API files "annotations" and "labels"
 DAEMON_PORT = 7040  # the chart's checkpointDaemon.port (operator env MATRIXPOOL_CKPT_DAEMON_PORT)
 MEMORY_PATH = "/dev/shm/matrixpool"  # checkpointDaemon.memoryPath (MATRIXPOOL_CKPT_MEMORY_PATH)
+PERSISTENT_PATH = "/var/lib/matrixpool/persistent"  # its persistentPath (…_PERSISTENT_PATH)
 
 
 def credential_secret(job_uid: str) -> str:

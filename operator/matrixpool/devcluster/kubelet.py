@@ -268,7 +268,7 @@ def launcher(mounts: Sequence[Mount], argv: Sequence[str]) -> list[str]:
     target (created if missing; read-only ones remounted so), as a container runtime does.
     ``unshare`` execs, so the process keeps the launcher's pid."""
     script = ["set -e"]
-    for mount in mounts:
+    for mount in _mount_order(mounts):
         target, source = shlex.quote(mount.target), shlex.quote(mount.source)
         script.append(f"mkdir -p {target}")
         script.append(f"mount --bind {source} {target}")
@@ -286,6 +286,22 @@ def launcher(mounts: Sequence[Mount], argv: Sequence[str]) -> list[str]:
         "sh",
         *argv,
     ]
+
+
+def _mount_order(mounts: Sequence[Mount]) -> list[Mount]:
+    """Parents before what is mounted inside them; and last, a mount whose target would hide
+    another's source (a pod's emptyDir at /tmp over volume folders under /tmp): a runtime
+    mounts from the host's view, a shell in the new namespace sees its own mounts."""
+
+    def under(path: str, folder: str) -> bool:
+        path, folder = path.rstrip("/") + "/", folder.rstrip("/") + "/"
+        return path.startswith(folder)
+
+    def key(mount: Mount) -> tuple[bool, int]:
+        hides = any(under(m.source, mount.target) for m in mounts if m is not mount)
+        return hides, mount.target.rstrip("/").count("/")
+
+    return sorted(mounts, key=key)
 
 
 def encoded(data: Mapping[str, str] | None) -> dict[str, bytes] | None:

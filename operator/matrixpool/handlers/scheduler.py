@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import posixpath
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -916,7 +917,9 @@ def training_contracts(
         incarnation = int(clock.SYSTEM.now().timestamp() * 1000)
     checkpoint = common.to_wire(workload.model.spec.checkpoint)
     checkpoint.pop("graceSeconds", None)  # the operator's business, not the trainer's
-    port, memory_path = pods.daemon_settings()
+    port, memory_path, persistent_root = pods.daemon_settings()
+    persistent = workload.model.spec.checkpoint.persistent
+    inside = persistent is not None and _inside(persistent.uri, persistent_root)
     credential = (
         checkpoints.secret() is not None
     )  # then the job's Secret is written (handlers.credentials)
@@ -928,11 +931,20 @@ def training_contracts(
             checkpoint=json.dumps(checkpoint, sort_keys=True),
             daemon_port=port,
             memory_path=memory_path,
+            persistent_path=persistent_root if inside else "",
             credential=credential,
         )
         for gang in wanted
         for plan in gang.pods
     }
+
+
+def _inside(uri: str, root: str) -> bool:
+    """Whether a ``file://`` URI lies in the folder ``root``."""
+    if not uri.startswith("file://"):
+        return False
+    path = posixpath.normpath(uri.removeprefix("file://"))
+    return path == root.rstrip("/") or path.startswith(root.rstrip("/") + "/")
 
 
 def _incarnation_of(pod: convert.PodFacts) -> int:

@@ -43,6 +43,7 @@ T = TypeVar("T")
 TRAINING_JOB = "TrainingJob"  # the kind whose pods get the training contract
 DAEMON_PORT_VARIABLE = "MATRIXPOOL_CKPT_DAEMON_PORT"  # the chart's checkpointDaemon.port
 MEMORY_PATH_VARIABLE = "MATRIXPOOL_CKPT_MEMORY_PATH"  # the chart's checkpointDaemon.memoryPath
+PERSISTENT_PATH_VARIABLE = "MATRIXPOOL_CKPT_PERSISTENT_PATH"  # its persistentPath (tier 3)
 Outcome = BaseException | None  # per pod: None when the call did what it was asked
 
 
@@ -76,14 +77,18 @@ class TrainingContract:
     checkpoint: str = "{}"  # the job's spec.checkpoint as JSON ("{}": it saves none)
     daemon_port: int = labels.DAEMON_PORT  # the node daemons' port (on the node's address)
     memory_path: str = labels.MEMORY_PATH  # the daemons' tier-1 folder on every node
+    persistent_path: str = ""  # tier 3's shared folder, mounted read-only when the job's
+    # persistent URI lies inside it (a restoring trainer reads tier 3 itself); "": none
     credential: bool = False  # the operator writes the job's token Secret (it holds the
     # cluster secret): the pod then waits for it, as a kubelet waits for a Secret it must mount
 
 
-def daemon_settings() -> tuple[int, str]:
-    """The node daemons' port and tier-1 folder, as the chart tells the operator."""
+def daemon_settings() -> tuple[int, str, str]:
+    """The node daemons' port, tier-1 folder and tier-3 root, as the chart tells the
+    operator."""
     port = int(os.environ.get(DAEMON_PORT_VARIABLE) or labels.DAEMON_PORT)
-    return port, os.environ.get(MEMORY_PATH_VARIABLE) or labels.MEMORY_PATH
+    memory = os.environ.get(MEMORY_PATH_VARIABLE) or labels.MEMORY_PATH
+    return port, memory, os.environ.get(PERSISTENT_PATH_VARIABLE) or labels.PERSISTENT_PATH
 
 
 def manifest(
@@ -145,9 +150,9 @@ def _give_training_contract(
     """Identity, rank, world size, run, checkpoint spec, the node daemon's address, the job's
     credential (its Secret, ``matrixpool.k8s.secrets``; optional when the operator writes
     none, so that a cluster without checkpoint daemons still runs the pod), the pod's
-    annotations as a downward-API file kept current (restore, checkpoint request) and the
-    daemon's tier-1 folder. Entries of the template with these names are replaced; the
-    user's other env and volumes stay."""
+    annotations as a downward-API file kept current (restore, checkpoint request), the
+    daemon's tier-1 folder and, read-only, tier 3's shared folder. Entries of the template
+    with these names are replaced; the user's other env and volumes stay."""
     credential = "matrixpool-checkpoint-credential"
     info = "matrixpool-pod-info"
     memory = "matrixpool-checkpoint-memory"
@@ -161,11 +166,16 @@ def _give_training_contract(
             {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}},
         ]
     }
+    persistent = "matrixpool-checkpoint-persistent"
     ours: dict[str, dict[str, Any]] = {
         credential: {"secret": secret},
         info: {"downwardAPI": pod_info},
         memory: {"hostPath": {"path": training.memory_path, "type": "DirectoryOrCreate"}},
     }
+    if training.persistent_path:
+        ours[persistent] = {
+            "hostPath": {"path": training.persistent_path, "type": "DirectoryOrCreate"}
+        }
     volumes = [v for v in spec.get("volumes", []) if v.get("name") not in ours]
     spec["volumes"] = [*volumes, *({"name": n, **v} for n, v in ours.items())]
     mounts: dict[str, dict[str, Any]] = {
@@ -173,6 +183,8 @@ def _give_training_contract(
         info: {"mountPath": labels.POD_INFO_MOUNT, "readOnly": True},
         memory: {"mountPath": training.memory_path},
     }
+    if training.persistent_path:
+        mounts[persistent] = {"mountPath": training.persistent_path, "readOnly": True}
     kept = [m for m in container.get("volumeMounts", []) if m.get("name") not in mounts]
     container["volumeMounts"] = [*kept, *({"name": n, **m} for n, m in mounts.items())]
 
