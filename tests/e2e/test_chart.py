@@ -6,6 +6,7 @@ kubelet), and run another to completion (Succeeded)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import signal
@@ -226,3 +227,47 @@ def test_a_job_run_to_its_end_succeeds(installed: Installed, namespace: str) -> 
         assert pod.status.phase == "Succeeded"
         [state] = pod.status.container_statuses
         assert state.state.terminated.exit_code == 0
+
+
+def test_a_rule_taken_from_the_operators_cluster_role_shows_in_the_condition_and_the_log(
+    installed: Installed, namespace: str
+) -> None:
+    cluster = installed.cluster
+    for name in ("supernode-cloudmatrix384.yaml", "supernode-cloudmatrix384-b.yaml"):
+        cluster.kubectl("apply", "-f", str(EXAMPLES / name))
+    role = json.loads(cluster.kubectl("get", "clusterrole", "matrixpool", "-o", "json").stdout)
+    original = copy.deepcopy(role)
+    for meta in ("resourceVersion", "uid", "creationTimestamp", "managedFields"):
+        original["metadata"].pop(meta, None)
+    rules = []
+    for rule in role["rules"]:
+        kept = [r for r in rule.get("resources", []) if r != "pods/binding"]
+        if kept:
+            rules.append({**rule, "resources": kept})
+    assert rules != role["rules"], "the rule for pods/binding is in the ClusterRole"
+    role["rules"] = rules
+    cluster.kubectl("replace", "-f", "-", input=json.dumps(role))
+    try:
+        body = example_job("refused")
+        cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
+
+        def refused() -> dict[str, Any] | None:
+            conditions = status(cluster, namespace, "refused").get("conditions") or []
+            found = [c for c in conditions if c["type"] == "Scheduled"]
+            return found[0] if found and found[0]["reason"] == "Forbidden" else None
+
+        condition = framework.eventually(refused, timeout=60, what="Scheduled=False Forbidden")
+        assert condition["status"] == "False"
+        assert 'cannot create resource "pods/binding"' in condition["message"], condition
+        log = installed.log_of(installed.operator_pod())
+        assert "forbidden by RBAC" in log
+    finally:
+        cluster.kubectl("replace", "-f", "-", input=json.dumps(original))
+    framework.eventually(
+        lambda: status(cluster, namespace, "refused").get("phase") == "Running",
+        timeout=60,
+        what="refused Running once the rule is back",
+    )
+    conditions = status(cluster, namespace, "refused")["conditions"]
+    scheduled = next(c for c in conditions if c["type"] == "Scheduled")
+    assert (scheduled["status"], scheduled["reason"]) == ("True", "GangBound"), scheduled

@@ -11,6 +11,7 @@ import dataclasses
 import datetime
 from typing import Any
 
+import kubernetes
 import pytest
 
 from matrixpool import checkpoints
@@ -62,6 +63,30 @@ def test_a_gang_that_cannot_fit_waits_whole_with_a_reason_and_an_event() -> None
     scheduled = next(c for c in conditions if c["type"] == "Scheduled")
     assert scheduled["status"] == "False"
     assert scheduled["reason"] in executor.reasons("big"), executor.events
+
+
+class Refusing(Recorder):
+    """An API server whose RBAC refuses every Binding (the rule was taken out)."""
+
+    async def bind(self, bindings: Any) -> list[Any]:
+        refusal = kubernetes.client.ApiException(status=403, reason="Forbidden")
+        refusal.body = (
+            '{"message": "pods is forbidden: User \\"system:serviceaccount:matrixpool-system:'
+            'matrixpool\\" cannot create resource \\"pods/binding\\""}'
+        )
+        return [refusal] * len(bindings)
+
+
+def test_a_binding_refused_by_rbac_says_so_in_the_condition_and_an_event() -> None:
+    executor = Refusing()
+    a = job("a", 2)
+    cycle(fixed_world(index(*(pod(f"a-{r}", f"u{r}") for r in range(2))), [a]), executor)
+    (conditions,) = executor.status_of("a", "conditions")[-1:]
+    scheduled = next(c for c in conditions if c["type"] == "Scheduled")
+    assert (scheduled["status"], scheduled["reason"]) == ("False", "Forbidden"), scheduled
+    assert "ClusterRole" in scheduled["message"], scheduled
+    assert 'cannot create resource "pods/binding"' in scheduled["message"], scheduled
+    assert "Forbidden" in executor.reasons("a")
 
 
 def test_a_higher_priority_gang_preempts_one_without_checkpoints_at_once() -> None:

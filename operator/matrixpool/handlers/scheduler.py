@@ -51,6 +51,7 @@ from matrixpool.handlers import background, lifecycle
 from matrixpool.handlers import world as read_model
 from matrixpool.handlers.workloads import Workload
 from matrixpool.handlers.world import Assumed, World
+from matrixpool.k8s import client as k8s_client
 from matrixpool.k8s import convert, executor, pods
 from matrixpool.placement import engine, gangs, model
 from matrixpool.timeshare import transition
@@ -317,6 +318,7 @@ class Cycle:
         """Gangs still to place; binds fully reserved gangs, clears partial reservations."""
         pending: list[Pending] = []
         finish: list[convert.PodFacts] = []
+        owners: dict[str, tuple[Workload, model.GangKey]] = {}  # pod key -> its gang
         undo: list[convert.PodFacts] = []
         for workload in self.world.workloads:
             facts = {p.name: p for p in self.world.pods.get(workload.key, [])}
@@ -328,6 +330,7 @@ class Cycle:
                 state = gang_state(present)
                 if state == "reserved":
                     finish += [p for p in present if not p.node]
+                    owners.update({p.key: (workload, gang.request.gang) for p in present})
                 elif state == "partial":
                     undo += [p for p in present if p.reserved_node]
                 elif state in ("unplaced", "holed"):
@@ -342,8 +345,16 @@ class Cycle:
             outcomes = await self.act.bind(
                 [(p.namespace, p.name, p.reserved_node or "") for p in finish]
             )
+            refused: set[model.GangKey] = set()
             for p, outcome in zip(finish, outcomes, strict=True):
-                self.bound(p, p.reserved_node or "", outcome)
+                workload, key = owners[p.key]
+                if not self.bound(p, p.reserved_node or "", outcome):
+                    refused.add(key)
+                    self.refused(workload, key, "bind", outcome)
+            for _, key in owners.values():
+                reason = self.memory.reasons.get(key)
+                if key not in refused and reason is not None and reason.code == FORBIDDEN:
+                    self.memory.reasons.pop(key, None)
         return pending
 
     # ---- phase 5: place, highest priority first ---------------------------------------------
@@ -685,11 +696,13 @@ class Cycle:
                 self.assumed.released(pod)
                 failed.add(b.placement.gang)
                 log.warning("could not reserve", pod=pod.key, error=str(outcome))
+                self.refused(b.pending.workload, b.placement.gang, "reserve", outcome)
         ready = [r for r in reservations if r[0].placement.gang not in failed]
         bound = await self.act.bind([(p.namespace, p.name, n) for _, p, n, _ in ready])
         for (b, pod, node, _), outcome in zip(ready, bound, strict=True):
             if not self.bound(pod, node, outcome):
                 failed.add(b.placement.gang)
+                self.refused(b.pending.workload, b.placement.gang, "bind", outcome)
         done = [b for b in bindings if b.placement.gang not in failed]
         elapsed = clock.SYSTEM.monotonic() - started
         metrics.BIND_SECONDS.observe(elapsed)
@@ -724,6 +737,26 @@ class Cycle:
             for a in binding.placement.assignments
             if a.pod in facts and not facts[a.pod].node
         ]
+
+    def refused(
+        self, workload: Workload, key: model.GangKey, step: str, outcome: pods.Outcome
+    ) -> None:
+        """A reservation or Binding the API server refused for RBAC (403): the gang's
+        Scheduled condition and a Warning Event say so, with the API server's words (the
+        operator's ServiceAccount lacks a rule of the chart's ClusterRole), and an error is
+        logged. Other failures are retried quietly by the next cycle."""
+        message = k8s_client.forbidden(outcome) if outcome is not None else None
+        if message is None:
+            return
+        reason = model.Reason(
+            FORBIDDEN,
+            f"the API server refused to {step} its pods: {message} (the operator's "
+            "ServiceAccount lacks a rule of the chart's ClusterRole)",
+        )
+        if self.memory.reasons.get(key) != reason:
+            log.error("forbidden by RBAC", gang=key, step=step, message=message)
+            self.event(workload, "Warning", reason.code, f"gang {key}: {reason.message}")
+        self.memory.reasons[key] = reason
 
     def bound(self, pod: convert.PodFacts, node: str, outcome: pods.Outcome) -> bool:
         """Remember a Binding that went through; a failed one leaves the reservation (the next
@@ -1136,3 +1169,4 @@ WAITING_FOR_CHECKPOINT = model.Reason(
     "WaitingForCheckpoint",
     "lower-priority training was asked to checkpoint before it gives up its cards",
 )
+FORBIDDEN = "Forbidden"  # the code of a gang whose reservation or Binding RBAC refused

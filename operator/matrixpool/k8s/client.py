@@ -8,6 +8,7 @@ settings — pool size, timeouts, QPS — live in one place.
 from __future__ import annotations
 
 import functools
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +63,17 @@ def default_api() -> Api:
 def is_status(error: BaseException, *codes: int) -> bool:
     """Whether ``error`` is an API error with one of the HTTP ``codes``."""
     return isinstance(error, kubernetes.client.ApiException) and error.status in codes
+
+
+def forbidden(error: BaseException) -> str | None:
+    """The API server's message when ``error`` is a 403 (RBAC refused the call), else None."""
+    if not is_status(error, 403):
+        return None
+    body = getattr(error, "body", None) or ""
+    try:
+        return str(json.loads(body).get("message") or error)
+    except (ValueError, AttributeError):
+        return str(body or error)
 
 
 def operator_namespace() -> str:
