@@ -1,52 +1,75 @@
-"""Fixtures of the chaos tests: the integration tests' control plane (one per session), plus
-``matrixpool sim`` over every supernode, the operator told the daemons' token, and a sampler
-that checks, several times a second, that no card is held by two pods."""
+"""Fixtures of the chaos tests: a control plane of their own (one per session) with the chart
+installed by ``helm install`` — its operator and checkpoint daemons run by ``matrixpool sim
+--daemons chart`` as the process kubelet of every node (tests/integration/chart.py) — and a
+sampler that checks, several times a second, that no card is held by two pods."""
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration import framework
-from tests.integration.conftest import cluster, namespace, two_supernodes
+from matrixpool.devcluster import cluster as devcluster
+from matrixpool.devcluster import topology
+from tests.integration import chart, framework
+from tests.integration.conftest import namespace, two_supernodes
 
-__all__ = ["cluster", "namespace", "two_supernodes"]
+__all__ = ["namespace", "two_supernodes"]
 
 CARDS = "matrixpool.dev/cards"
 RESERVED = "matrixpool.dev/node"
+# 2 supernodes of 16 nodes × 8 cards, 4 nodes per rack: every chaos scenario fits (8 ranks and
+# spares), with 32 daemons rather than 96.
+SHAPE = topology.Shape(supernodes=2, nodes_per_supernode=16, nodes_per_rack=4)
 
 
 @pytest.fixture(scope="session")
-def sim(
-    cluster: framework.TestCluster, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[framework.Sim]:
-    """One sim for the session: a daemon per node of every supernode (faults restart them)."""
-    persistent = tmp_path_factory.getbasetemp() / "persistent"  # jobs' tier 3 (start_job)
-    process = framework.Sim(
-        cluster, tmp_path_factory.mktemp("sim") / "sim", persistent_root=persistent
-    ).start()
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[framework.TestCluster]:
+    """The session's control plane; the CRDs come from the chart. Failing to start fails."""
+    folder = tmp_path_factory.mktemp("cluster")
+    local = devcluster.Cluster(
+        folder, progress=lambda line: print(line, file=sys.stderr), tied=True
+    )
+    local.up(SHAPE)
+    test_cluster = framework.TestCluster(local=local, shape=SHAPE)
     try:
-        yield process
+        yield test_cluster
     finally:
-        process.stop()
-        print(process.log()[-3000:])
+        if not os.environ.get("MATRIXPOOL_KEEP_CLUSTER"):
+            local.down()
+
+
+@pytest.fixture(scope="session")
+def installed(
+    cluster: framework.TestCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[chart.Installed]:
+    """The chart, installed once for the session; its pods run under the sim."""
+    release = chart.install(cluster, tmp_path_factory.mktemp("sim") / "sim", SHAPE.node_count)
+    try:
+        yield release
+    finally:
+        release.sim.stop()
+        print(release.sim.log()[-3000:])
+
+
+@pytest.fixture(scope="session")
+def sim(installed: chart.Installed) -> framework.Sim:
+    """The process kubelet of every node (trainer logs and pids are in its folder)."""
+    return installed.sim
 
 
 @pytest.fixture
-def operator(
-    cluster: framework.TestCluster, tmp_path: Path, sim: framework.Sim
-) -> Iterator[framework.Operator]:
-    env = sim.operator_env()
-    process = framework.Operator(cluster, tmp_path / "operator.log", env=env).start()
-    try:
-        yield process
-    finally:
-        process.kill()
-        print(process.log()[-20000:])
+def operator(installed: chart.Installed) -> Iterator[chart.Installed]:
+    """The chart's operator, running; its log's tail is printed after the test."""
+    if installed.extra_env:  # a test changed its env: back to the chart's defaults
+        installed.set_operator_env({})
+    framework.eventually(installed.operator_running, timeout=60, what="the chart's operator")
+    yield installed
+    print(installed.operator_log()[-20000:])
 
 
 class CardSampler:

@@ -23,7 +23,7 @@ from tests.chaos.test_recovery import (
     status,
     wait_training,
 )
-from tests.integration import framework
+from tests.integration import chart, framework
 
 
 def uid(cluster: framework.TestCluster, namespace: str) -> str:
@@ -33,12 +33,12 @@ def uid(cluster: framework.TestCluster, namespace: str) -> str:
     return str(body["metadata"]["uid"])
 
 
-def jobs_held(cluster: framework.TestCluster, sim: framework.Sim) -> set[str]:
-    """Job UIDs any daemon of the sim holds a checkpoint of (asked with the operator's
+def jobs_held(cluster: framework.TestCluster, installed: chart.Installed) -> set[str]:
+    """Job UIDs any daemon of the chart holds a checkpoint of (asked with the operator's
     credential, as the operator asks)."""
-    token = sim.operator_token()
+    token = installed.operator_token()
     held: set[str] = set()
-    for address in framework.daemon_endpoints(cluster).values():
+    for address in framework.daemon_endpoints(cluster, chart.SYSTEM).values():
         if not address:
             continue
         try:
@@ -51,7 +51,7 @@ def jobs_held(cluster: framework.TestCluster, sim: framework.Sim) -> set[str]:
 
 def test_a_failed_job_created_again_under_its_name_runs_from_nothing(
     cluster: framework.TestCluster,
-    operator: framework.Operator,
+    operator: chart.Installed,
     sim: framework.Sim,
     namespace: str,
     two_supernodes: list[str],
@@ -65,7 +65,7 @@ def test_a_failed_job_created_again_under_its_name_runs_from_nothing(
         what="a tier-3 checkpoint of the first job",
     )
     first = uid(cluster, namespace)
-    assert first in jobs_held(cluster, sim)
+    assert first in jobs_held(cluster, operator)
     pod = pods(cluster, namespace)[0]
     pid = sim.folder / "trainers" / f"{pod.spec.node_name}.{namespace}.{JOB}-0.pid"
     os.kill(int(pid.read_text()), signal.SIGKILL)
@@ -77,7 +77,7 @@ def test_a_failed_job_created_again_under_its_name_runs_from_nothing(
     framework.eventually(failed, timeout=60, what="the first job Failed")
     cluster.kubectl("delete", "trainingjob", JOB, "-n", namespace, "--wait=true")
     framework.eventually(
-        lambda: first not in jobs_held(cluster, sim),
+        lambda: first not in jobs_held(cluster, operator),
         timeout=60,
         what="the deleted job's checkpoints gone from every daemon",
     )
@@ -93,13 +93,13 @@ def test_a_failed_job_created_again_under_its_name_runs_from_nothing(
         starts = [line for line in lines if "restored" in line and line["t"] >= recreated]
         assert starts, lines
         assert starts[-1]["restored"] is None, f"rank {rank} restored {starts[-1]}"
-    assert first not in jobs_held(cluster, sim)
-    assert second in jobs_held(cluster, sim)
+    assert first not in jobs_held(cluster, operator)
+    assert second in jobs_held(cluster, operator)
 
     # The job's credential: a Secret named by its UID, holding its token and nothing else's,
     # mounted by its pods (which know the job by its UID).
     secret = cluster.api.core.read_namespaced_secret(f"matrixpool-ckpt-{second}", namespace)
-    cluster_secret = credentials.read_secret(sim.token_file)
+    cluster_secret = operator.cluster_secret()
     token = base64.b64decode(secret.data["token"]).decode()
     assert token == credentials.job_token(cluster_secret, second)
     assert secret.metadata.owner_references[0].uid == second
@@ -118,11 +118,13 @@ def test_a_failed_job_created_again_under_its_name_runs_from_nothing(
     cluster.kubectl(
         "patch", "trainingjob", JOB, "-n", namespace, "--type=merge", "-p", json.dumps(patch)
     )
-    assert (persistent_dir(tmp_path) / second).is_dir()
+    assert (persistent_dir(sim, tmp_path) / second).is_dir()
     cluster.kubectl("delete", "trainingjob", JOB, "-n", namespace, "--wait=true")
     framework.eventually(
-        lambda: not (persistent_dir(tmp_path) / second).exists(),
+        lambda: not (persistent_dir(sim, tmp_path) / second).exists(),
         timeout=60,
         what="the second job's tier-3 folder deleted (reclaimPolicy Delete)",
     )
-    assert (persistent_dir(tmp_path) / first).is_dir(), "the first job's tier 3 was kept (Retain)"
+    assert (persistent_dir(sim, tmp_path) / first).is_dir(), (
+        "the first job's tier 3 was kept (Retain)"
+    )

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from tests.chaos.conftest import CardSampler
-from tests.integration import framework, manifests
+from tests.integration import chart, framework, manifests
 
 STEPS = 15  # the finishing job's last step (0.2 s a step in the sim)
 TTL = 20  # its pods' ttlSecondsAfterFinished
@@ -67,7 +67,7 @@ def phase_is(cluster: framework.TestCluster, namespace: str, job: str, phase: st
 
 def test_a_job_run_to_completion_succeeds_frees_its_cards_and_its_pods_go_after_the_ttl(
     cluster: framework.TestCluster,
-    operator: framework.Operator,
+    operator: chart.Installed,
     sim: framework.Sim,
     namespace: str,
     two_supernodes: list[str],
@@ -123,7 +123,7 @@ def test_a_job_run_to_completion_succeeds_frees_its_cards_and_its_pods_go_after_
 
 def test_a_job_with_no_checkpoint_yet_that_loses_a_rank_restarts_from_step_0(
     cluster: framework.TestCluster,
-    operator: framework.Operator,
+    operator: chart.Installed,
     sim: framework.Sim,
     namespace: str,
     two_supernodes: list[str],

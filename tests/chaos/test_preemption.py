@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.chaos.test_recovery import JOB, start_job, status, wait_training
-from tests.integration import framework, manifests
+from tests.integration import chart, framework, manifests
 
 
 def condition(current: dict[str, Any], type_: str) -> dict[str, Any]:
@@ -21,7 +21,7 @@ def condition(current: dict[str, Any], type_: str) -> dict[str, Any]:
 
 def test_a_preempted_training_job_checkpoints_first_and_resumes_from_that_step(
     cluster: framework.TestCluster,
-    operator: framework.Operator,
+    operator: chart.Installed,
     sim: framework.Sim,
     namespace: str,
     two_supernodes: list[str],
@@ -29,8 +29,10 @@ def test_a_preempted_training_job_checkpoints_first_and_resumes_from_that_step(
 ) -> None:
     start_job(cluster, namespace, tmp_path, replicas=4, supernode="sn-0")
     wait_training(cluster, namespace, past=4)
-    # 47 usable nodes on sn-0 (one spare); the job holds 4: a service of 44 nodes preempts it.
-    service = manifests.inference_service("chat", "sn-0").role("serve", replicas=1, pods=44)
+    # All but the spare are usable on sn-0; the job holds 4: a service taking every other
+    # node and one more preempts it.
+    usable = cluster.shape.nodes_per_supernode - 1
+    service = manifests.inference_service("chat", "sn-0").role("serve", replicas=1, pods=usable - 3)
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=service.yaml())
 
     def evicted() -> dict[str, Any] | None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.chaos.conftest import CardSampler
-from tests.integration import framework, manifests
+from tests.integration import chart, framework, manifests
 
 MEMORY_EVERY = 2  # tier-1 checkpoint every 2 steps (a step is 0.2 s in the sim)
 JOB = "llm"
@@ -22,9 +22,14 @@ JOB = "llm"
 # ---- helpers -------------------------------------------------------------------------------
 
 
-def persistent_dir(tmp_path: Path) -> Path:
-    """The test's tier-3 folder, inside the sim daemons' --persistent-root (conftest)."""
-    return tmp_path.parent / "persistent" / tmp_path.name
+def persistent_uri(tmp_path: Path) -> str:
+    """The test's tier-3 URI, inside the chart's persistentPath (shared by every node)."""
+    return f"file://{chart.SHARED}/{tmp_path.name}"
+
+
+def persistent_dir(sim: framework.Sim, tmp_path: Path) -> Path:
+    """The test's tier-3 folder as this machine holds it (the sim's shared path)."""
+    return sim.folder / "shared" / chart.SHARED.strip("/") / tmp_path.name
 
 
 def start_job(
@@ -44,7 +49,7 @@ def start_job(
     job.body["spec"]["checkpoint"] = {
         "memory": {"everySteps": MEMORY_EVERY, "peerReplicas": 1},
         "local": {"everySteps": 5},
-        "persistent": {"everySteps": persistent_every, "uri": f"file://{persistent_dir(tmp_path)}"},
+        "persistent": {"everySteps": persistent_every, "uri": persistent_uri(tmp_path)},
     }
     job.body["spec"]["recovery"] = {
         "maxRecoveries": max_recoveries,
@@ -144,7 +149,7 @@ def node_of(cluster: framework.TestCluster, namespace: str) -> dict[int, str]:
 
 def test_node_down_under_a_rank_swaps_it_to_a_spare_from_the_peer_copy(
     cluster: framework.TestCluster,
-    operator: framework.Operator,
+    operator: chart.Installed,
     sim: framework.Sim,
     namespace: str,
     two_supernodes: list[str],
@@ -196,7 +201,7 @@ def rack_mates(cluster: framework.TestCluster, placed: dict[int, str]) -> tuple[
 
 def test_two_nodes_of_a_rack_swap_to_two_spares_or_reschedule_with_one(
     cluster: framework.TestCluster,
-    operator: framework.Operator,
+    operator: chart.Installed,
     sim: framework.Sim,
     namespace: str,
     two_supernodes: list[str],
@@ -243,7 +248,7 @@ def test_two_nodes_of_a_rack_swap_to_two_spares_or_reschedule_with_one(
 
 def test_one_unhealthy_card_moves_only_the_rank_that_holds_it(
     cluster: framework.TestCluster,
-    operator: framework.Operator,
+    operator: chart.Installed,
     sim: framework.Sim,
     namespace: str,
     two_supernodes: list[str],
@@ -274,7 +279,7 @@ def test_one_unhealthy_card_moves_only_the_rank_that_holds_it(
 
 def test_a_crashed_trainer_restarts_in_place_from_its_nodes_memory(
     cluster: framework.TestCluster,
-    operator: framework.Operator,
+    operator: chart.Installed,
     sim: framework.Sim,
     namespace: str,
     two_supernodes: list[str],
@@ -303,45 +308,47 @@ def test_a_crashed_trainer_restarts_in_place_from_its_nodes_memory(
 
 def test_a_recovery_cut_short_by_an_operator_kill_is_finished_once_by_the_next(
     cluster: framework.TestCluster,
+    operator: chart.Installed,
     sim: framework.Sim,
     namespace: str,
     two_supernodes: list[str],
     cards: CardSampler,
     tmp_path: Path,
 ) -> None:
-    token = sim.operator_env()
-    slow = {**token, "MATRIXPOOL_RECOVERY_PAUSE_SECONDS": "60"}  # stops after writing the plan
-    first = framework.Operator(cluster, tmp_path / "first.log", env=slow).start()
-    second = framework.Operator(cluster, tmp_path / "second.log", env=token)
+    # The chart's operator, told to stop for 60 s after it writes a recovery plan.
+    operator.set_operator_env({"MATRIXPOOL_RECOVERY_PAUSE_SECONDS": "60"})
+    start_job(cluster, namespace, tmp_path)
+    wait_training(cluster, namespace, past=6)
+    victim = node_of(cluster, namespace)[0]
+    committed = status(cluster, namespace)["checkpoints"]["memory"]
+    cluster.matrixpool("cluster", "fault", "node-down", victim)
     try:
-        start_job(cluster, namespace, tmp_path)
-        wait_training(cluster, namespace, past=6)
-        victim = node_of(cluster, namespace)[0]
-        committed = status(cluster, namespace)["checkpoints"]["memory"]
-        cluster.matrixpool("cluster", "fault", "node-down", victim)
-        try:
-            plan = framework.eventually(
-                lambda: status(cluster, namespace).get("recovering"),
-                timeout=30,
-                what="the recovery plan in status",
-            )
-            first.kill()  # SIGKILL with the plan written and no pod touched
-            assert status(cluster, namespace).get("recoveries") in (None, [])
-            second.start()
-            entry = wait_recovered(cluster, namespace, 1)
-        finally:
-            cluster.matrixpool("cluster", "fault", "node-up", victim)
-        assert entry["id"] == plan["id"]
-        assert entry["level"] == plan["level"] == "SpareSwap"
-        assert_restored(sim, namespace, entry, 4, committed)
-        time.sleep(3)  # a second operator loop must not append it again
-        assert [e["id"] for e in status(cluster, namespace)["recoveries"]] == [plan["id"]]
+        plan = framework.eventually(
+            lambda: status(cluster, namespace).get("recovering"),
+            timeout=30,
+            what="the recovery plan in status",
+        )
+        # helm upgrade without the pause: the Deployment replaces the pod, its kubelet kills
+        # the paused operator (SIGKILL, the plan written and no pod touched), the next one runs.
+        old = operator.operator_uid()
+        operator.extra_env = {}
+        cluster.helm(
+            "upgrade", chart.RELEASE, str(chart.CHART), "-n", chart.SYSTEM, *operator.helm_args()
+        )
+        framework.eventually(
+            lambda: operator.operator_uid() not in (None, old),
+            timeout=60,
+            what="the paused operator's pod replaced",
+        )
+        assert status(cluster, namespace).get("recoveries") in (None, [])
+        entry = wait_recovered(cluster, namespace, 1)
     finally:
-        first.kill()
-        second.kill()
-        for operator in (first, second):
-            if operator.log_path.exists():
-                print(operator.log()[-8000:])
+        cluster.matrixpool("cluster", "fault", "node-up", victim)
+    assert entry["id"] == plan["id"]
+    assert entry["level"] == plan["level"] == "SpareSwap"
+    assert_restored(sim, namespace, entry, 4, committed)
+    time.sleep(3)  # a second operator loop must not append it again
+    assert [e["id"] for e in status(cluster, namespace)["recoveries"]] == [plan["id"]]
 
 
 # ---- 6. kube-apiserver restarted during steady training ------------------------------------
@@ -349,7 +356,7 @@ def test_a_recovery_cut_short_by_an_operator_kill_is_finished_once_by_the_next(
 
 def test_an_api_server_restart_causes_no_recovery_and_loses_nothing(
     cluster: framework.TestCluster,
-    operator: framework.Operator,
+    operator: chart.Installed,
     sim: framework.Sim,
     namespace: str,
     two_supernodes: list[str],
@@ -378,7 +385,7 @@ def test_an_api_server_restart_causes_no_recovery_and_loses_nothing(
 
 def test_every_daemon_of_a_supernode_killed_reschedules_onto_another_from_tier_3(
     cluster: framework.TestCluster,
-    operator: framework.Operator,
+    operator: chart.Installed,
     sim: framework.Sim,
     namespace: str,
     two_supernodes: list[str],
@@ -419,7 +426,7 @@ def test_every_daemon_of_a_supernode_killed_reschedules_onto_another_from_tier_3
 
 def test_a_fault_past_max_recoveries_fails_the_job_with_the_reason_and_frees_its_cards(
     cluster: framework.TestCluster,
-    operator: framework.Operator,
+    operator: chart.Installed,
     sim: framework.Sim,
     namespace: str,
     two_supernodes: list[str],

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.chaos.test_recovery import JOB, node_of, start_job, status, wait_training
-from tests.integration import framework, manifests
+from tests.integration import chart, framework, manifests
 
 DELAY = 5.0  # seconds the slow daemon takes before it answers anything
 
@@ -71,7 +71,7 @@ def pipe(source: socket.socket, target: socket.socket) -> None:
 
 def test_a_daemon_answering_after_5_s_stalls_neither_scheduling_nor_the_recovery(
     cluster: framework.TestCluster,
-    operator: framework.Operator,
+    operator: chart.Installed,
     sim: framework.Sim,
     namespace: str,
     two_supernodes: list[str],
@@ -80,10 +80,10 @@ def test_a_daemon_answering_after_5_s_stalls_neither_scheduling_nor_the_recovery
     start_job(cluster, namespace, tmp_path, replicas=4, supernode="sn-0")
     wait_training(cluster, namespace, past=4)
     slow_node = node_of(cluster, namespace)[0]
-    real = framework.daemon_endpoints(cluster)[slow_node]
+    real = framework.daemon_endpoints(cluster, chart.SYSTEM)[slow_node]
     proxy = SlowProxy(real)
     try:
-        framework.set_daemon_endpoint(cluster, slow_node, proxy.address)
+        framework.set_daemon_endpoint(cluster, slow_node, proxy.address, chart.SYSTEM)
         started = time.monotonic()
         for index in range(3):  # other jobs, one after the other, on the other supernode
             name = f"other-{index}"
@@ -108,7 +108,7 @@ def test_a_daemon_answering_after_5_s_stalls_neither_scheduling_nor_the_recovery
         assert slow_node in entry["cause"], entry
     finally:
         proxy.close()
-        framework.set_daemon_endpoint(cluster, slow_node, real)
+        framework.set_daemon_endpoint(cluster, slow_node, real, chart.SYSTEM)
 
 
 def bound(cluster: framework.TestCluster, namespace: str, name: str) -> int:

@@ -15,8 +15,8 @@ from typing import Any
 import yaml
 
 from matrixpool.devcluster import trainer
-from tests.e2e.conftest import REPO, SHARED, SYSTEM, Installed
 from tests.integration import framework
+from tests.integration.chart import REPO, SHARED, SYSTEM, Installed
 
 JOB = "finetune-elastic"
 EXAMPLES = REPO / "examples"

@@ -247,11 +247,13 @@ def daemon_endpoints(cluster: TestCluster, namespace: str | None = None) -> dict
     }
 
 
-def set_daemon_endpoint(cluster: TestCluster, node: str, endpoint: str) -> None:
-    """Point ``node``'s daemon Lease at ``endpoint`` (renewals keep it: they move renewTime
-    only)."""
+def set_daemon_endpoint(
+    cluster: TestCluster, node: str, endpoint: str, namespace: str | None = None
+) -> None:
+    """Point ``node``'s daemon Lease (in the operator's ``namespace``) at ``endpoint``
+    (renewals keep it: they move renewTime only)."""
     cluster.api.coordination.patch_namespaced_lease(
         daemonleases.lease_name(node),
-        k8s_client.operator_namespace(),
+        namespace or k8s_client.operator_namespace(),
         {"metadata": {"annotations": {labels.CKPT_ENDPOINT: endpoint}}},
     )

@@ -606,3 +606,9 @@ def test_helm_lint_strict_passes(helm: Helm, sets: tuple[str, ...]) -> None:
     set_args = [arg for value in sets for arg in ("--set", value)]
     result = helm.run("lint", str(CHART), "--strict", "--kube-version", KUBE_VERSION, *set_args)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_extra_env_reaches_the_operator_container(helm: Helm) -> None:
+    sets = ("operator.extraEnv[0].name=MATRIXPOOL_CLOCK_START", "operator.extraEnv[0].value=now")
+    env = {e["name"]: e.get("value") for e in operator_container(helm.render(*sets))["env"]}
+    assert env["MATRIXPOOL_CLOCK_START"] == "now"

@@ -494,6 +494,9 @@ class Sim:
             if container.process is not None:
                 container.process.kill()
                 container.process = None
+                container.exit_code, container.finished = -9, _now()
+                container.restarts += 1
+            container.not_before = time.monotonic()  # starts again once the fault is gone
         return True
 
     def write_volumes(self, pod: dict[str, Any], run: PodRun, lookup: kubelet.Lookup) -> None:
