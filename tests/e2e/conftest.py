@@ -39,7 +39,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[framework.Test
 def installed(
     cluster: framework.TestCluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[chart.Installed]:
-    """The chart installed with tests/e2e/values-local.yaml, the sim running its pods."""
+    """The chart installed with charts/matrixpool/ci/local-values.yaml, the sim running its pods."""
     release = chart.install(cluster, tmp_path_factory.mktemp("sim") / "sim", SHAPE.node_count)
     try:
         yield release

@@ -18,7 +18,7 @@ from tests.integration import framework
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "matrixpool"
-VALUES = REPO / "tests" / "e2e" / "values-local.yaml"
+VALUES = CHART / "ci" / "local-values.yaml"
 RELEASE = "matrixpool"  # the release the local cluster's pod-annotations policy was rendered for
 SYSTEM = "matrixpool-system"
 SHARED = "/var/lib/matrixpool/persistent"  # the chart's persistentPath: shared by every node

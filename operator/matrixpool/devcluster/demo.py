@@ -3,11 +3,14 @@
 Steps, each printed with its measured time (a ticking progress line on every long wait):
 
 1. the local control plane: two CloudMatrix384-class supernodes (2 × 48 nodes × 8 cards);
-2. ``matrixpool sim`` (a real checkpoint daemon per node, a trainer per running training pod)
-   and the operator, given the daemons' secret, with a fast clock that starts in the day window;
+2. ``helm install`` of the chart (charts/matrixpool/ci/local-values.yaml: the checkpoint
+   daemons on, the operator with a fast clock that starts in the day window), and
+   ``matrixpool sim --daemons chart`` as the nodes' kubelet: the chart's operator and daemons
+   and the simulated trainers run as its processes, with what their pods say;
 3. examples/: the SuperNodes, the DeepSeek-style service (prefill + decode EP320) on sn-0, the
    elastic job and the LLM job (which spans sn-1 and sn-0) homed on sn-1, the night-only job on
-   sn-0; persistent checkpoint URIs are pointed into the demo's folder;
+   sn-0; the training jobs run the simulated trainer in place of their images, and their
+   persistent URIs point into the chart's shared persistentPath;
 4. a node failure under a training rank (``node-down``) and its recovery;
 5. the fast clock's day → night transition on sn-0 (inference shrinks, the night-only job runs);
 6. a bad card under a training rank (``cards NODE 3``) and its recovery;
@@ -51,6 +54,9 @@ DEMO_SHAPE = topology.Shape(supernodes=2)
 DEMO_NAMESPACE = "matrixpool-demo"
 SHARED = "sn-0"  # the time-shared supernode of examples/
 HOME = "sn-1"  # the training supernode the faults hit
+RELEASE = "matrixpool"  # the chart's release, as the local cluster's admission policy expects
+SYSTEM = "matrixpool-system"  # its namespace
+PERSISTENT = "/var/lib/matrixpool/persistent"  # the chart's persistentPath, shared by every node
 T = TypeVar("T")
 
 
@@ -134,6 +140,7 @@ class Demo:
     summary: dict[str, Any] = field(default_factory=dict)
     metrics_port: int = field(default_factory=lambda: cluster.free_ports(1)[0])
     daemon_port: int = field(default_factory=lambda: cluster.free_ports(1)[0])  # sim and operator
+    health_port: int = field(default_factory=lambda: cluster.free_ports(1)[0])
 
     @property
     def folder(self) -> Path:
@@ -144,19 +151,21 @@ class Demo:
     def play(self) -> None:
         print(f"matrixpool demo ({self.plan.name}): {_describe(self.plan)}", flush=True)
         with self.step("starting the local control plane (2 supernodes × 48 nodes × 8 cards)"):
-            self.local.up(DEMO_SHAPE, crds=binaries.repo_root() / "crds")
-        with self.step("starting matrixpool sim and the operator (fast clock, daemons' secret)"):
+            self.local.up(DEMO_SHAPE)  # the chart installs the CRDs
+        with self.step(
+            "helm install matrixpool (operator with a fast clock, checkpoint daemons); "
+            "matrixpool sim as the nodes' kubelet"
+        ) as tick:
+            self.install_chart()
             self.start_sim()
-            self.start_operator()
+            self.wait(self.operator_running, "the chart's operator running", tick)
         self.observer = TransitionObserver(self.local)
         self.observer.start()
         with self.step("applying examples/ (namespaced ones into matrixpool-demo)") as tick:
             self.apply_examples(tick)
         self.snapshot("day")
-        with self.step(
-            "waiting for the sim's 96 checkpoint daemons and the first trainers"
-        ) as tick:
-            self.wait(lambda: (self.folder / "sim" / "serving").exists(), "96 daemons", tick)
+        with self.step("waiting for the chart's 96 checkpoint daemons") as tick:
+            self.wait(self.daemons_announced, "96 daemons announced", tick)
         self.fault_node_down()
         with self.step("day → night on sn-0 (inference shrinks, the night-only job runs)") as tick:
             night = self.wait_transition("night", tick)
@@ -178,25 +187,67 @@ class Demo:
 
     # ---- steps ---------------------------------------------------------------------------------
 
+    def install_chart(self) -> None:
+        """``helm install matrixpool charts/matrixpool -n matrixpool-system -f
+        charts/matrixpool/ci/local-values.yaml``, plus free ports and the operator's fast
+        clock (operator.extraEnv)."""
+        root = binaries.repo_root()
+        clocked = [
+            {"name": clock.START_ENV, "value": self.plan.clock_start},
+            {"name": clock.SPEED_ENV, "value": str(self.plan.clock_speed)},
+        ]
+        ports = (
+            f"checkpointDaemon.port={self.daemon_port},metrics.port={self.metrics_port},"
+            f"operator.healthPort={self.health_port}"
+        )
+        helm = binaries.ensure(progress=lambda _: None) / "helm"
+        homes = {
+            f"HELM_{k}_HOME": str(self.folder / "helm" / k.lower())
+            for k in ("CACHE", "CONFIG", "DATA")
+        }
+        argv = [
+            str(helm),
+            "install",
+            RELEASE,
+            str(root / "charts" / "matrixpool"),
+            "--namespace",
+            SYSTEM,
+            "--create-namespace",
+            "-f",
+            str(root / "charts" / "matrixpool" / "ci" / "local-values.yaml"),
+            "--set",
+            ports,
+            "--set-json",
+            f"operator.extraEnv={json.dumps(clocked)}",
+        ]
+        env = {**os.environ, "KUBECONFIG": str(self.local.kubeconfig), **homes}
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise DemoError(f"helm install failed: {done.stderr.strip()}")
+        print(
+            f"  release {RELEASE} in {SYSTEM}; clock starts at {self.plan.clock_start}, "
+            f"{self.plan.clock_speed:g}× fast"
+        )
+        print(f"  operator metrics on http://127.0.0.1:{self.metrics_port}/metrics")
+
     def start_sim(self) -> None:
         argv = [sys.executable, "-m", "matrixpool.cli", "sim", "--folder", str(self.folder / "sim")]
-        argv += ["--port", str(self.daemon_port)]
-        argv += ["--persistent-root", str(self.folder / "persistent")]  # see adapt
+        argv += ["--port", str(self.daemon_port), "--daemons", "chart"]
+        argv += ["--shared-path", PERSISTENT]  # the chart's persistentPath, on every node
         self.processes["sim"] = self.spawn("sim", argv, {})
 
-    def start_operator(self) -> None:
-        env = {
-            "MATRIXPOOL_LOG_FORMAT": "json",
-            "MATRIXPOOL_METRICS_PORT": str(self.metrics_port),
-            "MATRIXPOOL_CKPT_SECRET_FILE": str(self.folder / "sim" / "secret"),
-            "MATRIXPOOL_CKPT_DAEMON_PORT": str(self.daemon_port),
-            clock.START_ENV: self.plan.clock_start,
-            clock.SPEED_ENV: str(self.plan.clock_speed),
-        }
-        argv = [sys.executable, "-m", "matrixpool.cli", "run"]
-        self.processes["operator"] = self.spawn("operator", argv, env)
-        print(f"  clock starts at {self.plan.clock_start}, {self.plan.clock_speed:g}× fast")
-        print(f"  metrics on http://127.0.0.1:{self.metrics_port}/metrics")
+    def operator_running(self) -> bool:
+        """The chart's operator pod runs its main loop (its log, in the sim's folder)."""
+        logs = (self.folder / "sim" / "trainers").glob(f"*.{SYSTEM}.{RELEASE}-*.log")
+        return any(
+            "main loop started" in p.read_text(errors="replace")
+            for p in logs
+            if "checkpoint" not in p.name
+        )
+
+    def daemons_announced(self) -> bool:
+        found = self.get("leases", "-n", SYSTEM, "-l", "matrixpool.dev/ckpt-daemon=true")
+        return len(found["items"]) >= DEMO_SHAPE.node_count
 
     def apply_examples(self, tick: Ticker) -> None:
         root = binaries.repo_root() / "examples"
@@ -233,7 +284,7 @@ class Demo:
         name = body["metadata"]["name"]
         persistent = (spec.get("checkpoint") or {}).get("persistent")
         if persistent:
-            persistent["uri"] = f"file://{self.folder / 'persistent' / name}"
+            persistent["uri"] = f"file://{PERSISTENT}/{name}"
         override = dict(self.plan.training.get(name, {}))
         every = override.pop("memoryEvery", None)
         if every is not None and "memory" in spec.get("checkpoint", {}):
@@ -348,7 +399,7 @@ class Demo:
     def stop(self) -> None:
         if self.observer is not None:
             self.observer.halt.set()
-        for name in ("operator", "sim"):
+        for name in ("sim",):
             process = self.processes.get(name)
             if process is not None and process.poll() is None:
                 os.killpg(process.pid, signal.SIGTERM)
