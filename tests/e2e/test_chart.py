@@ -10,6 +10,7 @@ import copy
 import json
 import os
 import signal
+import urllib.request
 from typing import Any
 
 import yaml
@@ -122,6 +123,24 @@ def test_the_chart_installs_an_operator_and_daemons_that_run_under_their_kubelet
     for pod in daemons:
         node = pod["spec"]["nodeName"]
         assert endpoints[node] == f"{pod['status']['hostIP']}:{installed.ports['daemon']}"
+
+    # A daemon killed is started again by its kubelet (restartPolicy Always), and answers.
+    victim = daemons[0]
+    pid = int(installed.container_file(victim, ".pid").read_text())
+    os.kill(pid, signal.SIGKILL)
+
+    def restarted() -> dict[str, Any] | None:
+        pods = {p["metadata"]["uid"]: p for p in installed.pods("checkpoint-daemon")}
+        statuses = pods[victim["metadata"]["uid"]]["status"].get("containerStatuses") or []
+        daemon = next((s for s in statuses if s["name"] == "daemon"), {})
+        return daemon if daemon.get("restartCount") and "running" in daemon["state"] else None
+
+    state = framework.eventually(restarted, timeout=60, what="the daemon restarted")
+    assert state["lastState"]["terminated"]["exitCode"] == 137, state  # 128 + SIGKILL
+    endpoint = endpoints[victim["spec"]["nodeName"]]
+    framework.eventually(
+        lambda: _answers(endpoint), timeout=30, what="the restarted daemon answering"
+    )
 
 
 def test_a_job_from_the_examples_recovers_through_the_charts_daemons(
@@ -271,3 +290,11 @@ def test_a_rule_taken_from_the_operators_cluster_role_shows_in_the_condition_and
     conditions = status(cluster, namespace, "refused")["conditions"]
     scheduled = next(c for c in conditions if c["type"] == "Scheduled")
     assert (scheduled["status"], scheduled["reason"]) == ("True", "GangBound"), scheduled
+
+
+def _answers(endpoint: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{endpoint}/v1/healthz", timeout=2):
+            return True
+    except OSError:
+        return False

@@ -177,3 +177,30 @@ def test_a_mount_over_a_folder_holding_other_sources_comes_last() -> None:
     targets = [line.split()[-1] for line in script.splitlines() if line.startswith("mount --bind")]
     assert targets[-1] == "/tmp"  # it would hide the other sources
     assert targets.index("/var/run") < targets.index("/var/run/matrixpool/pod")  # parent first
+
+
+def test_the_image_stays_visible_under_a_volume_mounted_over_its_folder(tmp_path: Path) -> None:
+    able = subprocess.run(["unshare", "--mount", "true"], capture_output=True, text=True)
+    if able.returncode != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"no mount namespace: {able.stderr.strip()}")
+        pytest.skip("mount namespaces need root")
+    root = tmp_path / "root"  # stands for /tmp, where a checkout and its virtualenv may lie
+    image = root / "checkout" / ".venv"
+    image.mkdir(parents=True)
+    (image / "python").write_text("interpreter\n")
+    empty = tmp_path / "emptydir"
+    empty.mkdir()
+    mounts = [kubelet.Mount(str(empty), str(root))]  # the pod's emptyDir at /tmp
+    script = f"cat {image}/python; ls {root}"
+    hidden = subprocess.run(
+        kubelet.launcher(mounts, ["sh", "-c", script]), capture_output=True, text=True
+    )
+    assert "interpreter" not in hidden.stdout  # without the image folders it is gone
+    kept = subprocess.run(
+        kubelet.launcher(mounts, ["sh", "-c", script], image=[str(image)]),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert kept.stdout.splitlines()[0] == "interpreter"

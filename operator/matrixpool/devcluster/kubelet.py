@@ -263,17 +263,36 @@ def _downward_files(pod: Mapping[str, Any], items: Sequence[Mapping[str, Any]]) 
     return files
 
 
-def launcher(mounts: Sequence[Mount], argv: Sequence[str]) -> list[str]:
+STAGE = "/run/matrixpool-sim-stage"  # a mountpoint of each namespace's own (a tmpfs there)
+
+
+def launcher(mounts: Sequence[Mount], argv: Sequence[str], image: Sequence[str] = ()) -> list[str]:
     """The command that runs ``argv`` in a mount namespace of its own, each mount bound at its
     target (created if missing; read-only ones remounted so), as a container runtime does.
-    ``unshare`` execs, so the process keeps the launcher's pid."""
+    ``image`` are the folders that stand in for the container's image (the sim's Python
+    installation): one that a mount would hide (a pod's emptyDir at /tmp over a checkout under
+    /tmp) is bound again at its own path on top, as an image's files stay visible in a real
+    container. ``unshare`` execs, so the process keeps the launcher's pid."""
+    hidden = [folder for folder in image if any(_under(folder, m.target) for m in mounts)]
     script = ["set -e"]
+    if hidden:  # kept aside before the mounts, on a tmpfs only this namespace sees
+        script += [f"mkdir -p {STAGE}", f"mount -t tmpfs matrixpool-stage {STAGE}"]
+        for index, folder in enumerate(hidden):
+            script += [
+                f"mkdir {STAGE}/{index}",
+                f"mount --bind {shlex.quote(folder)} {STAGE}/{index}",
+            ]
     for mount in _mount_order(mounts):
         target, source = shlex.quote(mount.target), shlex.quote(mount.source)
         script.append(f"mkdir -p {target}")
         script.append(f"mount --bind {source} {target}")
         if mount.read_only:
             script.append(f"mount -o remount,bind,ro {target}")
+    for index, folder in enumerate(hidden):
+        script += [
+            f"mkdir -p {shlex.quote(folder)}",
+            f"mount --bind {STAGE}/{index} {shlex.quote(folder)}",
+        ]
     script.append('exec "$@"')
     return [
         "unshare",
@@ -288,17 +307,18 @@ def launcher(mounts: Sequence[Mount], argv: Sequence[str]) -> list[str]:
     ]
 
 
+def _under(path: str, folder: str) -> bool:
+    path, folder = path.rstrip("/") + "/", folder.rstrip("/") + "/"
+    return path.startswith(folder)
+
+
 def _mount_order(mounts: Sequence[Mount]) -> list[Mount]:
     """Parents before what is mounted inside them; and last, a mount whose target would hide
     another's source (a pod's emptyDir at /tmp over volume folders under /tmp): a runtime
     mounts from the host's view, a shell in the new namespace sees its own mounts."""
 
-    def under(path: str, folder: str) -> bool:
-        path, folder = path.rstrip("/") + "/", folder.rstrip("/") + "/"
-        return path.startswith(folder)
-
     def key(mount: Mount) -> tuple[bool, int]:
-        hides = any(under(m.source, mount.target) for m in mounts if m is not mount)
+        hides = any(_under(m.source, mount.target) for m in mounts if m is not mount)
         return hides, mount.target.rstrip("/").count("/")
 
     return sorted(mounts, key=key)

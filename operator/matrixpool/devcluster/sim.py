@@ -447,7 +447,8 @@ class Sim:
         process = container.process
         if process is None or process.alive():
             return False
-        container.exit_code = process.popen.returncode
+        code = process.popen.returncode
+        container.exit_code = 128 - code if code < 0 else code  # a signal: 128 + its number
         container.finished = _now()
         container.process = None
         if policy == "Always" or (policy == "OnFailure" and container.exit_code):
@@ -494,7 +495,7 @@ class Sim:
             if container.process is not None:
                 container.process.kill()
                 container.process = None
-                container.exit_code, container.finished = -9, _now()
+                container.exit_code, container.finished = 128 + signal.SIGKILL, _now()
                 container.restarts += 1
             container.not_before = time.monotonic()  # starts again once the fault is gone
         return True
@@ -574,7 +575,8 @@ class Sim:
         suffix = "" if spec is pod["spec"]["containers"][0] else f".{spec['name']}"
         log = self.folder / "trainers" / f"{run.node}.{run.namespace}.{run.name}{suffix}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        container.process = _spawn(kubelet.launcher(mounts, argv), log, env, inherit=False)
+        launch = kubelet.launcher(mounts, argv, _image_folders())
+        container.process = _spawn(launch, log, env, inherit=False)
         container.started = _now()
         container.not_before = 0.0
         log.with_suffix(".pid").write_text(str(container.process.popen.pid))
@@ -664,6 +666,20 @@ def _image_env(pod: Mapping[str, Any]) -> dict[str, str]:
     if os.environ.get("PYTHONPATH"):  # a checkout run from its source tree
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     return env
+
+
+def _image_folders() -> list[str]:
+    """What stands in for the matrixpool image: the sim's Python installation (its virtualenv
+    and the base interpreter's prefix) and the source folders it imports from (an editable
+    checkout, PYTHONPATH)."""
+    import matrixpool
+    import matrixpool_recovery
+
+    folders = {sys.prefix, sys.base_prefix}
+    for module in (matrixpool, matrixpool_recovery):
+        folders.add(str(Path(module.__file__ or ".").resolve().parent.parent))
+    folders |= {p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+    return sorted(folders)
 
 
 def _now() -> str:
