@@ -32,6 +32,7 @@ import copy
 import datetime as dt
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -231,6 +232,7 @@ class Demo:
         print(f"  operator metrics on http://127.0.0.1:{self.metrics_port}/metrics")
 
     def start_sim(self) -> None:
+        shutil.rmtree(self.folder / "sim", ignore_errors=True)  # no log of an earlier run
         argv = [sys.executable, "-m", "matrixpool.cli", "sim", "--folder", str(self.folder / "sim")]
         argv += ["--port", str(self.daemon_port), "--daemons", "chart"]
         argv += ["--shared-path", PERSISTENT]  # the chart's persistentPath, on every node

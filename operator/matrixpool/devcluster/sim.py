@@ -63,6 +63,7 @@ PERIOD = 0.25  # seconds between reconciliations
 LEASE_SECONDS = 40  # the daemons' Leases, as the chart's default (renewed every 10 s)
 RENEWALS_PER_PASS = 8  # Lease renewals per reconciliation at most (32/s: 320 nodes per 10 s)
 PORT = labels.DAEMON_PORT  # every daemon listens on this port of its node's address (--port)
+CACHE_SECONDS = 10.0  # how long the process kubelet trusts a Secret or ConfigMap it read
 BACKOFF_SECONDS = (1, 2, 4, 8, 10)  # restarts of a container (a kubelet: 10 s doubling to 5 min)
 
 
@@ -121,32 +122,40 @@ class PodRun:
 
 
 class ApiLookup:
-    """Secrets, ConfigMaps and tokens as the kubelet reads them, cached for one pass."""
+    """Secrets, ConfigMaps and tokens as the kubelet reads them, cached as a kubelet caches
+    them: what exists for :data:`CACHE_SECONDS` (a changed Secret reaches a pod's files
+    within that; a kubelet takes up to a minute), what is missing for a second (a pod waiting
+    for its Secret starts soon after it appears), a service-account token until 80% of its
+    life."""
 
     def __init__(self, api: k8s_client.Api) -> None:
         self.api = api
-        self.cache: dict[tuple[str, str, str], Mapping[str, bytes] | None] = {}
+        self.cache: dict[tuple[str, str, str], tuple[float, Mapping[str, bytes] | None]] = {}
+        self.tokens: dict[tuple[str, str, str], tuple[float, str]] = {}
 
     def _read(self, kind: str, namespace: str, name: str) -> Mapping[str, bytes] | None:
         key = (kind, namespace, name)
-        if key not in self.cache:
-            try:
-                if kind == "Secret":
-                    raw = self.api.core.read_namespaced_secret(
-                        name, namespace, _preload_content=False
-                    )
-                    self.cache[key] = kubelet.encoded(json.loads(raw.data).get("data") or {})
-                else:
-                    raw = self.api.core.read_namespaced_config_map(
-                        name, namespace, _preload_content=False
-                    )
-                    data = json.loads(raw.data).get("data") or {}
-                    self.cache[key] = {k: str(v).encode() for k, v in data.items()}
-            except Exception as error:
-                if not k8s_client.is_status(error, 404):
-                    raise
-                self.cache[key] = None
-        return self.cache[key]
+        now = time.monotonic()
+        cached = self.cache.get(key)
+        if cached is not None and now < cached[0]:
+            return cached[1]
+        found: Mapping[str, bytes] | None
+        try:
+            if kind == "Secret":
+                raw = self.api.core.read_namespaced_secret(name, namespace, _preload_content=False)
+                found = kubelet.encoded(json.loads(raw.data).get("data") or {})
+            else:
+                raw = self.api.core.read_namespaced_config_map(
+                    name, namespace, _preload_content=False
+                )
+                data = json.loads(raw.data).get("data") or {}
+                found = {k: str(v).encode() for k, v in data.items()}
+        except Exception as error:
+            if not k8s_client.is_status(error, 404):
+                raise
+            found = None
+        self.cache[key] = (now + (CACHE_SECONDS if found is not None else 1.0), found)
+        return found
 
     def secret(self, namespace: str, name: str) -> Mapping[str, bytes] | None:
         return self._read("Secret", namespace, name)
@@ -155,13 +164,27 @@ class ApiLookup:
         return self._read("ConfigMap", namespace, name)
 
     def token(self, namespace: str, account: str, audience: str | None, seconds: int) -> str:
-        spec: dict[str, Any] = {"expirationSeconds": max(seconds, 600)}
+        key = (namespace, account, audience or "")
+        now = time.monotonic()
+        cached = self.tokens.get(key)
+        if cached is not None and now < cached[0]:
+            return cached[1]
+        life = max(seconds, 600)
+        spec: dict[str, Any] = {"expirationSeconds": life}
         if audience:
             spec["audiences"] = [audience]
         answer = self.api.core.create_namespaced_service_account_token(
             account, namespace, {"spec": spec}
         )
-        return str(answer.status.token)
+        token = str(answer.status.token)
+        self.tokens[key] = (now + 0.8 * life, token)
+        return token
+
+    def forget(self) -> None:
+        """Drop what expired (called once a pass)."""
+        now = time.monotonic()
+        self.cache = {k: v for k, v in self.cache.items() if now < v[0]}
+        self.tokens = {k: v for k, v in self.tokens.items() if now < v[0]}
 
 
 @dataclass
@@ -188,7 +211,11 @@ class Sim:
 
     def __post_init__(self) -> None:
         self.api = k8s_client.from_kubeconfig(self.kubeconfig)
+        self.lookup = ApiLookup(self.api)
         self.folder.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.folder / "pods", ignore_errors=True)  # volumes of an earlier run
+        for stale in (self.folder / "trainers").glob("*.pid"):  # its processes died with it
+            stale.unlink(missing_ok=True)
         self.secret_file.unlink(missing_ok=True)
         self.secret_file.touch(mode=0o600)  # never readable by others, not even for a moment
         self.secret_file.write_text(self.secret + "\n")
@@ -370,7 +397,10 @@ class Sim:
     def reconcile_pods(self, nodes: set[str], healthy: set[str]) -> None:
         """Run the containers of every Running pod of the matrixpool image bound to a healthy
         node of the sim; end what no longer should run; report exits."""
-        raw = self.api.core.list_pod_for_all_namespaces(_preload_content=False)
+        raw = self.api.core.list_pod_for_all_namespaces(
+            resource_version="0",
+            _preload_content=False,  # from the watch cache, as kubelets
+        )
         listed = [
             p
             for p in json.loads(raw.data).get("items", [])
@@ -385,7 +415,8 @@ class Sim:
                     process.kill()
                 shutil.rmtree(run.folder, ignore_errors=True)
                 del self.pods[uid]
-        lookup = ApiLookup(self.api)
+        lookup = self.lookup
+        lookup.forget()
         for uid, pod in by_uid.items():
             node = pod["spec"]["nodeName"]
             if (
