@@ -154,19 +154,27 @@ class Demo:
         with self.step("starting the local control plane (2 supernodes × 48 nodes × 8 cards)"):
             self.local.up(DEMO_SHAPE)  # the chart installs the CRDs
         with self.step(
-            "helm install matrixpool (operator with a fast clock, checkpoint daemons); "
+            "helm install matrixpool (operator, 96 checkpoint daemons); "
             "matrixpool sim as the nodes' kubelet"
         ) as tick:
-            self.install_chart()
+            self.helm("install", "--create-namespace")
             self.start_sim()
+            self.wait(self.daemons_announced, "96 daemons announced", tick)
             self.wait(self.operator_running, "the chart's operator running", tick)
+        with self.step("helm upgrade: the operator's fast clock starts now") as tick:
+            before = self.operator_uid()
+            self.helm("upgrade", clocked=True)
+            self.wait(
+                lambda: self.operator_uid() not in (None, before) and self.operator_running(),
+                "the operator with the fast clock running",
+                tick,
+            )
+        print(f"  clock starts at {self.plan.clock_start}, {self.plan.clock_speed:g}× fast")
         self.observer = TransitionObserver(self.local)
         self.observer.start()
         with self.step("applying examples/ (namespaced ones into matrixpool-demo)") as tick:
             self.apply_examples(tick)
         self.snapshot("day")
-        with self.step("waiting for the chart's 96 checkpoint daemons") as tick:
-            self.wait(self.daemons_announced, "96 daemons announced", tick)
         self.fault_node_down()
         with self.step("day → night on sn-0 (inference shrinks, the night-only job runs)") as tick:
             night = self.wait_transition("night", tick)
@@ -188,12 +196,13 @@ class Demo:
 
     # ---- steps ---------------------------------------------------------------------------------
 
-    def install_chart(self) -> None:
-        """``helm install matrixpool charts/matrixpool -n matrixpool-system -f
-        charts/matrixpool/ci/local-values.yaml``, plus free ports and the operator's fast
-        clock (operator.extraEnv)."""
+    def helm(self, command: str, *extra: str, clocked: bool = False) -> None:
+        """``helm install|upgrade matrixpool charts/matrixpool -n matrixpool-system -f
+        charts/matrixpool/ci/local-values.yaml`` with free ports; ``clocked``: the operator's
+        fast clock too (operator.extraEnv), which starts when its process does."""
         root = binaries.repo_root()
-        clocked = [
+        chart = root / "charts" / "matrixpool"
+        clock_env = [
             {"name": clock.START_ENV, "value": self.plan.clock_start},
             {"name": clock.SPEED_ENV, "value": str(self.plan.clock_speed)},
         ]
@@ -206,30 +215,20 @@ class Demo:
             f"HELM_{k}_HOME": str(self.folder / "helm" / k.lower())
             for k in ("CACHE", "CONFIG", "DATA")
         }
-        argv = [
-            str(helm),
-            "install",
-            RELEASE,
-            str(root / "charts" / "matrixpool"),
-            "--namespace",
-            SYSTEM,
-            "--create-namespace",
-            "-f",
-            str(root / "charts" / "matrixpool" / "ci" / "local-values.yaml"),
-            "--set",
-            ports,
-            "--set-json",
-            f"operator.extraEnv={json.dumps(clocked)}",
-        ]
+        argv = [str(helm), command, RELEASE, str(chart), "--namespace", SYSTEM, *extra]
+        argv += ["-f", str(chart / "ci" / "local-values.yaml"), "--set", ports]
+        argv += ["--set-json", f"operator.extraEnv={json.dumps(clock_env if clocked else [])}"]
         env = {**os.environ, "KUBECONFIG": str(self.local.kubeconfig), **homes}
         done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
         if done.returncode != 0:
-            raise DemoError(f"helm install failed: {done.stderr.strip()}")
-        print(
-            f"  release {RELEASE} in {SYSTEM}; clock starts at {self.plan.clock_start}, "
-            f"{self.plan.clock_speed:g}× fast"
-        )
-        print(f"  operator metrics on http://127.0.0.1:{self.metrics_port}/metrics")
+            raise DemoError(f"helm {command} failed: {done.stderr.strip()}")
+        print(f"  helm {command}: release {RELEASE} in {SYSTEM}", flush=True)
+
+    def operator_uid(self) -> str | None:
+        """The operator pod's UID; None while there is not exactly one (a rollout)."""
+        found = self.get("pods", "-n", SYSTEM, "-l", "app.kubernetes.io/component=operator")
+        live = [p for p in found["items"] if not p["metadata"].get("deletionTimestamp")]
+        return str(live[0]["metadata"]["uid"]) if len(live) == 1 else None
 
     def start_sim(self) -> None:
         shutil.rmtree(self.folder / "sim", ignore_errors=True)  # no log of an earlier run
@@ -240,12 +239,15 @@ class Demo:
 
     def operator_running(self) -> bool:
         """The chart's operator pod runs its main loop (its log, in the sim's folder)."""
-        logs = (self.folder / "sim" / "trainers").glob(f"*.{SYSTEM}.{RELEASE}-*.log")
-        return any(
-            "main loop started" in p.read_text(errors="replace")
-            for p in logs
-            if "checkpoint" not in p.name
-        )
+        found = self.get("pods", "-n", SYSTEM, "-l", "app.kubernetes.io/component=operator")
+        for pod in found["items"]:
+            if pod["metadata"].get("deletionTimestamp") or not pod["spec"].get("nodeName"):
+                continue
+            name = f"{pod['spec']['nodeName']}.{SYSTEM}.{pod['metadata']['name']}.log"
+            log = self.folder / "sim" / "trainers" / name
+            if log.exists() and "main loop started" in log.read_text(errors="replace"):
+                return True
+        return False
 
     def daemons_announced(self) -> bool:
         found = self.get("leases", "-n", SYSTEM, "-l", "matrixpool.dev/ckpt-daemon=true")
