@@ -32,6 +32,7 @@ class Installed:
     sim: framework.Sim
     ports: dict[str, int]
     extra_env: dict[str, str]
+    operator_node: str | None = None  # nodeSelector of the operator (one no test breaks)
 
     def pods(self, component: str | None = None) -> list[dict[str, Any]]:
         selector = f"app.kubernetes.io/instance={RELEASE}"
@@ -111,16 +112,26 @@ class Installed:
             ),
         ]
         entries = [{"name": k, "value": v} for k, v in sorted(self.extra_env.items())]
-        return [*args, "--set-json", f"operator.extraEnv={json.dumps(entries)}"]
+        args += ["--set-json", f"operator.extraEnv={json.dumps(entries)}"]
+        if self.operator_node:
+            selector = {"kubernetes.io/hostname": self.operator_node}
+            args += ["--set-json", f"nodeSelector={json.dumps(selector)}"]
+        return args
 
 
-def install(cluster: framework.TestCluster, folder: Path, nodes: int) -> Installed:
+def install(
+    cluster: framework.TestCluster, folder: Path, nodes: int, operator_node: str | None = None
+) -> Installed:
     """``helm install matrixpool charts/matrixpool -n matrixpool-system -f values-local.yaml``
     (ports picked free: other clusters may run on this machine), then the sim as the nodes'
-    kubelet; returns once every one of ``nodes`` announced its daemon and the operator runs."""
+    kubelet; returns once every one of ``nodes`` announced its daemon and the operator runs.
+    ``operator_node``: where the operator runs (a node the tests never take down: an operator
+    on a node that goes NotReady stays down until its pod is evicted, 5 minutes later, as on
+    a real cluster)."""
     daemon, metrics, health = devcluster.free_ports(3)
     sim = framework.Sim(cluster, folder, port=daemon, daemons="chart", shared_paths=(SHARED,))
-    release = Installed(cluster, sim, {"daemon": daemon, "metrics": metrics, "health": health}, {})
+    ports = {"daemon": daemon, "metrics": metrics, "health": health}
+    release = Installed(cluster, sim, ports, {}, operator_node)
     cluster.kubectl("create", "namespace", SYSTEM)
     cluster.helm("install", RELEASE, str(CHART), "-n", SYSTEM, *release.helm_args())
     sim.start()
