@@ -5,15 +5,12 @@ sampler that checks, several times a second, that no card is held by two pods.""
 
 from __future__ import annotations
 
-import os
-import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from matrixpool.devcluster import cluster as devcluster
 from matrixpool.devcluster import topology
 from tests.integration import chart, framework
 from tests.integration.conftest import namespace, two_supernodes
@@ -29,33 +26,19 @@ SHAPE = topology.Shape(supernodes=2, nodes_per_supernode=16, nodes_per_rack=4)
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[framework.TestCluster]:
-    """The session's control plane; the CRDs come from the chart. Failing to start fails."""
-    folder = tmp_path_factory.mktemp("cluster")
-    local = devcluster.Cluster(
-        folder, progress=lambda line: print(line, file=sys.stderr), tied=True
-    )
-    local.up(SHAPE)
-    test_cluster = framework.TestCluster(local=local, shape=SHAPE)
-    try:
-        yield test_cluster
-    finally:
-        if not os.environ.get("MATRIXPOOL_KEEP_CLUSTER"):
-            local.down()
+    """The session's control plane; the CRDs come from the chart."""
+    yield from chart.own_cluster(tmp_path_factory.mktemp("cluster"), SHAPE)
 
 
 @pytest.fixture(scope="session")
 def installed(
     cluster: framework.TestCluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[chart.Installed]:
-    """The chart, installed once for the session; its pods run under the sim."""
-    last = topology.node_name(1, SHAPE.nodes_per_supernode - 1)  # faults hit sn-0's nodes
+    """The chart, installed once for the session; its pods run under the sim. Its operator
+    runs on sn-1's last node, which no fault takes down (they hit sn-0's nodes)."""
+    last = topology.node_name(1, SHAPE.nodes_per_supernode - 1)
     folder = tmp_path_factory.mktemp("sim") / "sim"
-    release = chart.install(cluster, folder, SHAPE.node_count, operator_node=last)
-    try:
-        yield release
-    finally:
-        release.sim.stop()
-        print(release.sim.log()[-3000:])
+    yield from chart.installed_for_session(cluster, folder, operator_node=last)
 
 
 @pytest.fixture(scope="session")

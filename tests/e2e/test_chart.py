@@ -39,6 +39,12 @@ def example_job(name: str = JOB, **env: str) -> dict[str, Any]:
     return body
 
 
+def apply_supernodes(cluster: framework.TestCluster) -> None:
+    """The examples' SuperNodes sn-0 and sn-1, one spare each."""
+    for name in ("supernode-cloudmatrix384.yaml", "supernode-cloudmatrix384-b.yaml"):
+        cluster.kubectl("apply", "-f", str(EXAMPLES / name))
+
+
 def status(cluster: framework.TestCluster, namespace: str, name: str = JOB) -> dict[str, Any]:
     body = cluster.api.custom.get_namespaced_custom_object(
         "matrixpool.dev", "v1alpha1", namespace, "trainingjobs", name
@@ -147,8 +153,7 @@ def test_a_job_from_the_examples_recovers_through_the_charts_daemons(
     installed: Installed, namespace: str
 ) -> None:
     cluster = installed.cluster
-    for name in ("supernode-cloudmatrix384.yaml", "supernode-cloudmatrix384-b.yaml"):
-        cluster.kubectl("apply", "-f", str(EXAMPLES / name))
+    apply_supernodes(cluster)
     body = example_job()
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
     training(cluster, namespace, past=6)
@@ -232,8 +237,7 @@ def test_a_job_from_the_examples_recovers_through_the_charts_daemons(
 
 def test_a_job_run_to_its_end_succeeds(installed: Installed, namespace: str) -> None:
     cluster = installed.cluster
-    for name in ("supernode-cloudmatrix384.yaml", "supernode-cloudmatrix384-b.yaml"):
-        cluster.kubectl("apply", "-f", str(EXAMPLES / name))
+    apply_supernodes(cluster)
     body = example_job("short", MATRIXPOOL_SIM_STEPS="8")
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
     done = framework.eventually(
@@ -252,8 +256,7 @@ def test_a_rule_taken_from_the_operators_cluster_role_shows_in_the_condition_and
     installed: Installed, namespace: str
 ) -> None:
     cluster = installed.cluster
-    for name in ("supernode-cloudmatrix384.yaml", "supernode-cloudmatrix384-b.yaml"):
-        cluster.kubectl("apply", "-f", str(EXAMPLES / name))
+    apply_supernodes(cluster)
     role = json.loads(cluster.kubectl("get", "clusterrole", "matrixpool", "-o", "json").stdout)
     original = copy.deepcopy(role)
     for meta in ("resourceVersion", "uid", "creationTimestamp", "managedFields"):

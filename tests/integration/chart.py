@@ -8,11 +8,14 @@ import base64
 import json
 import os
 import signal
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from matrixpool.devcluster import cluster as devcluster
+from matrixpool.devcluster import topology
 from matrixpool_recovery import credentials
 from tests.integration import framework
 
@@ -142,3 +145,30 @@ def install(
     )
     framework.eventually(release.operator_running, timeout=120, what="the chart's operator")
     return release
+
+
+def own_cluster(folder: Path, shape: topology.Shape) -> Iterator[framework.TestCluster]:
+    """A control plane of a suite's own, without CRDs (the chart installs them); down at the
+    end unless MATRIXPOOL_KEEP_CLUSTER. Failing to start fails."""
+    local = devcluster.Cluster(
+        folder, progress=lambda line: print(line, file=sys.stderr), tied=True
+    )
+    local.up(shape)
+    try:
+        yield framework.TestCluster(local=local, shape=shape)
+    finally:
+        if not os.environ.get("MATRIXPOOL_KEEP_CLUSTER"):
+            local.down()
+
+
+def installed_for_session(
+    cluster: framework.TestCluster, folder: Path, operator_node: str | None = None
+) -> Iterator[Installed]:
+    """:func:`install` for a session fixture; the sim stopped and its log printed after."""
+    release = install(cluster, folder, cluster.shape.node_count, operator_node=operator_node)
+    try:
+        yield release
+    finally:
+        release.sim.stop()
+        print(release.sim.log()[-5000:])
+        print(release.operator_log()[-20000:])

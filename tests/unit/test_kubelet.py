@@ -46,6 +46,17 @@ class Lookup:
         return "jwt"
 
 
+def needs_mount_namespaces() -> None:
+    """Mount namespaces need root: skipped elsewhere, a failure under CI=true (CI runs as
+    root), the rule of tests/tmpfs.py."""
+    able = subprocess.run(["unshare", "--mount", "true"], capture_output=True, text=True)
+    if able.returncode != 0:
+        reason = f"no mount namespace (needs root): {able.stderr.strip()}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+
+
 def test_expansion_follows_kubernetes_rules() -> None:
     env = {"IP": "127.1.0.3"}
     assert kubelet.expand("$(IP):7040", env) == "127.1.0.3:7040"
@@ -146,12 +157,7 @@ def test_only_pods_of_the_matrixpool_image_run_here() -> None:
 
 
 def test_the_launcher_binds_volumes_where_the_container_sees_them(tmp_path: Path) -> None:
-    able = subprocess.run(["unshare", "--mount", "true"], capture_output=True, text=True)
-    if able.returncode != 0:
-        reason = f"no mount namespace (needs root): {able.stderr.strip()}"
-        if os.environ.get("CI") == "true":  # CI runs as root: a refusal is a failure
-            pytest.fail(reason)
-        pytest.skip(reason)
+    needs_mount_namespaces()
     source = tmp_path / "volume"
     source.mkdir()
     (source / "token").write_text("secret\n")
@@ -180,11 +186,7 @@ def test_a_mount_over_a_folder_holding_other_sources_comes_last() -> None:
 
 
 def test_the_image_stays_visible_under_a_volume_mounted_over_its_folder(tmp_path: Path) -> None:
-    able = subprocess.run(["unshare", "--mount", "true"], capture_output=True, text=True)
-    if able.returncode != 0:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"no mount namespace: {able.stderr.strip()}")
-        pytest.skip("mount namespaces need root")
+    needs_mount_namespaces()
     root = tmp_path / "root"  # stands for /tmp, where a checkout and its virtualenv may lie
     image = root / "checkout" / ".venv"
     image.mkdir(parents=True)

@@ -539,11 +539,11 @@ class Sim:
             if "hostPath" in volume:
                 kind = volume["hostPath"].get("type", "")
                 folder = self.node_folder(run.node, volume["hostPath"]["path"])
-                if kind in ("DirectoryOrCreate", "") or kind == "Directory":
-                    if kind == "Directory" and not folder.is_dir():
-                        raise kubelet.NotReadyError(
-                            "FailedMount", f"hostPath {volume['hostPath']['path']} is no folder"
-                        )
+                if kind == "Directory" and not folder.is_dir():
+                    raise kubelet.NotReadyError(
+                        "FailedMount", f"hostPath {volume['hostPath']['path']} is no folder"
+                    )
+                if kind in ("DirectoryOrCreate", ""):
                     folder.mkdir(parents=True, exist_ok=True)
                 continue
             files = kubelet.volume_files(pod, volume, lookup)
