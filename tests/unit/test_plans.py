@@ -212,6 +212,32 @@ def test_a_lost_node_swaps_in_a_spare_and_its_rank_restores_from_a_peer_copy(
     assert "n1" not in {n for _, asked in executor.asked for n in asked}, "a lost node is not asked"
 
 
+def test_a_rank_on_a_node_whose_kubelet_went_silent_is_deleted_without_grace() -> None:
+    """The node's Lease is stale but its Node still says Ready (the controller-manager marks it
+    later): a graceful delete would wait for a kubelet that is gone, and with it the new pod.
+    Found on a real node whose kubelet was stopped (tests/realnodes)."""
+    executor = Recorder()
+    value = checkpoints.restore_value(6, [], "r1-abc", incarnation=9, of=1)
+    plan = {
+        "id": "r1-abc",
+        "level": "SpareSwap",
+        "cause": "NodeDown on n1",
+        "restoredStep": 6,
+        "lostSteps": 0,
+        "detectedAt": "2026-11-30T10:00:00Z",
+        "targets": {"1": "n2"},
+        "restore": {"0-1": value},
+        "pinned": [],
+    }
+    a = job("a", 2, checkpoint=True, status={"recovering": plan})
+    pods = running("a", 2)
+    pods[1] = dataclasses.replace(pods[1], deleting=True)  # deleted with grace, never finished
+    seen = fixed_world(index(*pods), [a], spares=1)
+    seen = dataclasses.replace(seen, stale=frozenset({"n1"}))
+    recover(seen, executor, recovery.State())
+    assert executor.deleted_at_once == ["ns/a-1"]
+
+
 def test_a_job_out_of_recoveries_fails_with_the_reason() -> None:
     executor = Recorder()
     a = job("a", 2, checkpoint=True, recovery={"maxRecoveries": 1}, status={"recoveryCount": 1})

@@ -633,15 +633,20 @@ async def carry_out(
     doomed_now: list[tuple[str, str]] = []  # dead nodes and failed pods: no grace
     doomed: list[tuple[str, str]] = []
     reload: dict[tuple[str, str], str] = {}
+    # A node is dead to us when its daemon is unreachable, its Node is down, or its kubelet's
+    # Lease went stale (before the controller-manager marks it NotReady): its kubelet would
+    # never finish a graceful delete, and the new pods wait until the old ones are gone.
+    dead_nodes = set(lost) | set(world.stale)
     for pod in facts:
+        on_dead_node = pod.node in dead_nodes or _down(nodes, pod.node)
         if pod.deleting:
+            if on_dead_node:  # deleted with grace before it died: now without
+                doomed_now.append((pod.namespace, pod.name))
             continue
         mine = _recovery_id(pod.restore) == recovery_id
         moved = str(pod.rank) in targets
         if (reschedule or moved) and not mine:
-            dead = (
-                pod.phase in convert.TERMINAL_PHASES or pod.node in lost or _down(nodes, pod.node)
-            )
+            dead = pod.phase in convert.TERMINAL_PHASES or on_dead_node
             (doomed_now if dead else doomed).append((pod.namespace, pod.name))
         elif not mine and (value := trainingjob.restore_for(restore, pod.rank)) is not None:
             reload[(pod.namespace, pod.name)] = value
