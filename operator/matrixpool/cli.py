@@ -66,7 +66,10 @@ def _parser() -> argparse.ArgumentParser:
         "--metrics-port",
         type=int,
         metavar="PORT",
-        default=int(os.environ.get("MATRIXPOOL_METRICS_PORT") or 9090),
+        # A string default: argparse converts it, so a bad value is a usage error naming the
+        # flag (a Service called matrixpool-metrics puts MATRIXPOOL_METRICS_PORT=tcp://… into
+        # every pod of its namespace that has service links; the chart's pods have none).
+        default=os.environ.get("MATRIXPOOL_METRICS_PORT") or "9090",
         help="serve Prometheus metrics on PORT (0: off; default 9090 or MATRIXPOOL_METRICS_PORT)",
     )
     run.add_argument(
@@ -92,7 +95,30 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--nodes-per-rack", type=int, default=4)
     up.add_argument("--card-resource", default="huawei.com/Ascend910")
     up.add_argument("--no-crds", action="store_true", help="do not install the CRDs")
+    up.add_argument(
+        "--real-nodes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also start N real nodes: a kubelet and containerd each, in network namespaces "
+        "(root; installs containerd, runc and the CNI plugins from Debian's packages)",
+    )
+    up.add_argument(
+        "--real-supernode",
+        default="sn-real",
+        help="the matrixpool.dev/supernode label of the real nodes (default sn-real)",
+    )
     up.set_defaults(handler=_cluster_up)
+    load = cluster.add_parser(
+        "load-image", help="import a docker-archive (make image) into every real node"
+    )
+    load.add_argument("archive", type=Path)
+    load.add_argument(
+        "--if-any",
+        action="store_true",
+        help="say so and succeed when no cluster with real nodes runs (make image)",
+    )
+    load.set_defaults(handler=_cluster_load_image)
     cluster.add_parser("down", help="stop every process, remove the state").set_defaults(
         handler=_cluster_down
     )
@@ -110,6 +136,8 @@ def _parser() -> argparse.ArgumentParser:
         ("node-delete", "delete NODE"),
         ("daemon-down", "kill NODE's checkpoint daemon and keep it down (matrixpool sim)"),
         ("daemon-up", "let matrixpool sim start NODE's checkpoint daemon again"),
+        ("kubelet-stop", "kill real NODE's kubelet (its containers go on running)"),
+        ("kubelet-start", "start real NODE's kubelet again"),
     ):
         sub = fault.add_parser(name, help=help_)
         sub.add_argument("node", nargs="+")
@@ -256,8 +284,19 @@ def _cluster_up(args: argparse.Namespace) -> int:
     )
     crds = None if args.no_crds else binaries.repo_root() / "crds"
     local = cluster.Cluster()
-    local.up(shape, crds=crds)
+    local.up(shape, crds=crds, real_nodes=args.real_nodes, real_supernode=args.real_supernode)
     print(f"export KUBECONFIG={local.kubeconfig}")
+    return 0
+
+
+def _cluster_load_image(args: argparse.Namespace) -> int:
+    from matrixpool.devcluster import cluster
+
+    local = cluster.Cluster()
+    if args.if_any and not (local.running() and local.real_nodes()):
+        print(f"no local cluster with real nodes runs: {args.archive} built, not loaded")
+        return 0
+    local.load_image(args.archive)
     return 0
 
 
@@ -273,6 +312,12 @@ def _fault(args: argparse.Namespace) -> int:
     from matrixpool.devcluster import cluster, faults
 
     kubeconfig = Path(cluster.Cluster().kubeconfig)
+    if args.fault in ("kubelet-stop", "kubelet-start"):
+        local = cluster.Cluster()
+        for node in args.node:
+            (local.stop_kubelet if args.fault == "kubelet-stop" else local.start_kubelet)(node)
+            print(f"{args.fault} {node}")
+        return 0
     if args.fault == "cards":
         faults.cards(kubeconfig, args.node, args.cards)
         print(f"cards {args.node} {args.cards!r}")

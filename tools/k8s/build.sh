@@ -3,16 +3,19 @@
 # versions.env, into ~/.cache/matrixpool/bin/<versions-hash>/ (override with MATRIXPOOL_CACHE).
 # Reuses a complete folder; prints progress while a cold build runs. Called by
 # `matrixpool cluster up`, `make binaries` and CI. Prints the bin folder as its last line.
+# The real nodes' kubelet comes from the same k8s.io/kubernetes module, and their sandbox
+# image's pause from tools/k8s/pause; containerd, runc and the CNI plugins are Debian's
+# (tools/k8s/node-packages.sh installs them, at the versions versions.env names).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=versions.env
 source "$here/versions.env"
 cache=${MATRIXPOOL_CACHE:-$HOME/.cache/matrixpool}
-hash=$(cat "$here/versions.env" "$here/build.sh" | sha256sum | cut -c1-12)
+hash=$(cat "$here/versions.env" "$here/build.sh" "$here/pause/main.go" | sha256sum | cut -c1-12)
 bin="$cache/bin/$hash"
 work="$cache/work/$hash"
-binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok helm)
+binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kwok helm pause)
 
 complete() {
   for b in "${binaries[@]}"; do [ -x "$bin/$b" ] || return 1; done
@@ -88,7 +91,7 @@ kube_binaries() {
   local ldflags="-s -w -X $pkgver.gitVersion=$KUBERNETES_VERSION -X $pkgver.gitMajor=1 -X $pkgver.gitMinor=$minor -X $pkgver.gitTreeState=clean"
   ldflags+=" -X k8s.io/client-go/pkg/version.gitVersion=$KUBERNETES_VERSION -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=$minor"
   run_with_progress "kubernetes-deps" bash -c "cd '$dir' && go get k8s.io/kubernetes/cmd/kube-apiserver@$KUBERNETES_VERSION && go mod download"
-  for b in kube-apiserver kube-controller-manager kube-scheduler; do
+  for b in kube-apiserver kube-controller-manager kube-scheduler kubelet; do
     next "$b $KUBERNETES_VERSION"
     [ -x "$bin/$b" ] || run_with_progress "$b" bash -c "cd '$dir' && go build -ldflags '$ldflags' -o '$bin/$b.tmp' k8s.io/kubernetes/cmd/$b && mv '$bin/$b.tmp' '$bin/$b'"
   done
@@ -121,11 +124,18 @@ helm_ldflags() {
   echo "$flags"
 }
 
+pause_binary() {
+  next "pause (tools/k8s/pause)"
+  [ -x "$bin/pause" ] && return
+  run_with_progress pause bash -c "cd '$here/pause' && go build -ldflags '-s -w' -o '$bin/pause.tmp' . && mv '$bin/pause.tmp' '$bin/pause'"
+}
+
 log "cold build of the control plane into $bin (this takes a while on a small machine)"
 etcd_binary
 kube_binaries
 install_binary kwok "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
 install_binary helm "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" "$(helm_ldflags)"
+pause_binary
 complete || { log "build finished but binaries are missing"; exit 1; }
 log "control plane built in $((SECONDS - started)) s"
 echo "$bin"

@@ -53,8 +53,10 @@ def paths(folder: Path) -> PKI:
     return PKI(*(folder / name for name in names))
 
 
-def ensure(folder: Path) -> PKI:
-    """Write the PKI into ``folder`` unless it is already complete; return the paths."""
+def ensure(folder: Path, server_ips: tuple[str, ...] = ()) -> PKI:
+    """Write the PKI into ``folder`` unless it is already complete; return the paths.
+    ``server_ips``: addresses the API server's certificate names beside loopback and the
+    kubernetes Service's (the real nodes' gateway)."""
     folder.mkdir(parents=True, exist_ok=True)
     pki = paths(folder)
     if all(p.exists() for p in vars(pki).values()):
@@ -81,6 +83,7 @@ def ensure(folder: Path) -> PKI:
         [],
         ExtendedKeyUsageOID.SERVER_AUTH,
         server=True,
+        ips=server_ips,
     )
     _issue(
         pki.admin_cert,
@@ -101,6 +104,31 @@ def ensure(folder: Path) -> PKI:
         )
     )
     return pki
+
+
+def client_cert(folder: Path, name: str, groups: list[str]) -> tuple[Path, Path]:
+    """A client certificate and key for user ``name`` in ``groups``, signed by the CA of
+    ``folder`` (a real node's kubelet: ``system:node:<node>`` in ``system:nodes``)."""
+    pki = paths(folder)
+    cert, key = folder / f"{name.replace(':', '-')}.crt", folder / f"{name.replace(':', '-')}.key"
+    if cert.exists() and key.exists():
+        return cert, key
+    ca_cert = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    start = clock.SYSTEM.now() - datetime.timedelta(days=1)
+    _issue(
+        cert,
+        key,
+        ca_cert,
+        ca_key,
+        start,
+        name,
+        groups,
+        ExtendedKeyUsageOID.CLIENT_AUTH,
+        server=False,
+    )
+    return cert, key
 
 
 def _builder(
@@ -142,6 +170,7 @@ def _issue(
     usage: x509.ObjectIdentifier,
     *,
     server: bool,
+    ips: tuple[str, ...] = (),
 ) -> None:
     key = ec.generate_private_key(ec.SECP256R1())
     attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, g) for g in groups]
@@ -159,6 +188,7 @@ def _issue(
             x509.DNSName("kubernetes.default.svc"),
             x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
             x509.IPAddress(ipaddress.ip_address("10.96.0.1")),
+            *(x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips),
         ]
         builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
     _write_key(key_path, key)

@@ -1,5 +1,6 @@
 """The local control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and
-kwok as processes on loopback, plus kwok-simulated accelerator nodes.
+kwok as processes on loopback, plus kwok-simulated accelerator nodes and, with
+``real_nodes``, real nodes: a kubelet and a containerd each (:mod:`.realnodes`).
 
 Called by ``matrixpool cluster up|down|status|kubeconfig|fault``, the demo and the test
 fixtures. Every process runs in its own session, so the cluster outlives the command that
@@ -23,6 +24,7 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +32,7 @@ from typing import Any
 import yaml
 
 from matrixpool import clock
-from matrixpool.devcluster import binaries, certs, topology
+from matrixpool.devcluster import binaries, certs, realnodes, topology
 
 # The order in which processes start; stopped in reverse.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
@@ -85,23 +87,49 @@ class Cluster:
 
     # ---- public commands -------------------------------------------------------------------
 
-    def up(self, shape: topology.Shape, *, crds: Path | None = None) -> None:
+    def up(
+        self,
+        shape: topology.Shape,
+        *,
+        crds: Path | None = None,
+        real_nodes: int = 0,
+        real_supernode: str = "sn-real",
+    ) -> None:
         """Start the control plane (or keep a healthy running one) and create the nodes.
 
         Phases: 1 binaries, 2 PKI, 3 etcd, 4 kube-apiserver, 5 controllers and kwok,
-        6 the pod-annotations admission policy, 7 CRDs, 8 nodes; each reports its duration.
+        6 the pod-annotations admission policy, 7 CRDs, 8 nodes, 9 real nodes (``real_nodes``
+        kubelets with containerd, labelled into supernode ``real_supernode``, racks of
+        ``shape.nodes_per_rack``); each reports its duration.
         """
         started = clock.SYSTEM.monotonic()
         if self.running():
             self._say(f"cluster in {self.folder} is already running")
+            if real_nodes and not self._read_state().get("real"):
+                raise ClusterError(
+                    "the running cluster has no real-node network; "
+                    "`matrixpool cluster down`, then up again with --real-nodes"
+                )
             self._ensure_nodes(shape)
+            if real_nodes:
+                self._ensure_real_nodes(real_nodes, real_supernode, shape.nodes_per_rack)
             return
         self.down(quiet=True)
         self.folder.mkdir(parents=True, exist_ok=True)
+        network = realnodes.Network.of(self.folder) if real_nodes else None
+        if network is not None:
+            realnodes.require_root()
+            self._phase("real-node packages", lambda: node_packages(self._say))
+            realnodes.require_tools()
+            self._phase("real-node network", lambda: realnodes.ensure_bridge(network))
         bin_dir = self._phase("binaries", lambda: binaries.ensure(progress=self._say))
-        pki = self._phase("certificates", lambda: certs.ensure(self.folder / "pki"))
+        server_ips = (network.gateway,) if network else ()
+        pki = self._phase("certificates", lambda: certs.ensure(self.folder / "pki", server_ips))
         ports = Ports(*free_ports(6))
-        self._write_state({"ports": vars(ports), "bin_dir": str(bin_dir), "pids": {}})
+        state: dict[str, Any] = {"ports": vars(ports), "bin_dir": str(bin_dir), "pids": {}}
+        if network is not None:
+            state["real"] = {"tag": network.tag, "octet": network.octet, "nodes": {}}
+        self._write_state(state)
         self._write_kubeconfig(pki, ports)
         self._phase("etcd", lambda: self._start_etcd(bin_dir, ports))
         self._phase("kube-apiserver", lambda: self._start_apiserver(bin_dir, ports, pki))
@@ -113,17 +141,29 @@ class Cluster:
         if crds is not None:
             self._phase("CRDs", lambda: apply_crds(self, crds))
         self._ensure_nodes(shape)
+        if real_nodes:
+            self._ensure_real_nodes(real_nodes, real_supernode, shape.nodes_per_rack)
         self._say(f"cluster up in {clock.SYSTEM.monotonic() - started:.1f} s")
 
     def down(self, *, quiet: bool = False) -> None:
         """Stop every process of the cluster and remove its state. Safe to repeat."""
         state = self._read_state()
+        self._remove_real_nodes(state)
         for name in reversed(COMPONENTS):
             pid = state.get("pids", {}).get(name)
             if pid:
                 _terminate(int(pid))
         if self.folder.exists():
-            for child in ("etcd-data", "state.json", "kubeconfig", "logs", "pki", "config", "helm"):
+            for child in (
+                "etcd-data",
+                "state.json",
+                "kubeconfig",
+                "logs",
+                "pki",
+                "config",
+                "helm",
+                "real",
+            ):
                 _remove(self.folder / child)
         if not quiet:
             self._say(f"cluster in {self.folder} is down")
@@ -135,6 +175,132 @@ class Cluster:
         if set(pids) != set(COMPONENTS) or not all(_alive(int(p)) for p in pids.values()):
             return False
         return self._api_ready(Ports(**state["ports"]))
+
+    # ---- real nodes ------------------------------------------------------------------------
+
+    def real_nodes(self) -> list[str]:
+        """Names of the real nodes, in order."""
+        return sorted(self._read_state().get("real", {}).get("nodes", {}), key=_node_order)
+
+    def kill_container(self, node: str, container_id: str) -> None:
+        """SIGKILL a container's process on real ``node`` (a crash, as its kubelet sees it)."""
+        realnodes.ctr(self._real_node(node), "tasks", "kill", "--signal=SIGKILL", container_id)
+
+    def _real_node(self, name: str) -> realnodes.Node:
+        index = self._read_state()["real"]["nodes"][name]["index"]
+        return realnodes.Node(index, self.folder / "real" / name)
+
+    def _network(self) -> realnodes.Network:
+        real = self._read_state()["real"]
+        return realnodes.Network(tag=real["tag"], octet=real["octet"])
+
+    def _ensure_real_nodes(self, count: int, supernode: str, nodes_per_rack: int) -> None:
+        def create() -> None:
+            state = self._read_state()
+            network = self._network()
+            ports = Ports(**state["ports"])
+            pki = certs.paths(self.folder / "pki")
+            bin_dir = Path(state["bin_dir"])
+            pause = realnodes.pause_archive(bin_dir, self.folder / "real" / "pause.tar")
+            for index in range(count):
+                node = realnodes.Node(
+                    index, self.folder / "real" / f"{realnodes.NODE_PREFIX}{index}"
+                )
+                known = state["real"]["nodes"].get(node.name, {})
+                alive = all(_alive(int(p)) for p in known.get("pids", {}).values())
+                if known.get("pids") and alive:
+                    continue
+                realnodes.ensure_namespace(network, index, ports.apiserver)
+                client = certs.client_cert(
+                    self.folder / "pki", f"system:node:{node.name}", ["system:nodes"]
+                )
+                server = f"https://{network.gateway}:{ports.apiserver}"
+                realnodes.prepare(node, network, server=server, pki=pki, client_cert=client)
+                realnodes.ensure_mount_namespace(network, node)
+                node_labels = realnodes.node_labels(index, nodes_per_rack, supernode)
+                self._record_real(
+                    node, {"index": index, "ip": network.node_ip(index), "labels": node_labels}
+                )
+                self._spawn_real(node, "containerd", realnodes.containerd_args(node, network))
+                realnodes.wait_containerd(node)
+                realnodes.import_image(node, pause)
+                self._spawn_real(
+                    node, "kubelet", realnodes.kubelet_args(node, network, bin_dir, node_labels)
+                )
+                state = self._read_state()
+            realnodes.ensure_routes(network, count)
+            self._wait_real_ready([f"{realnodes.NODE_PREFIX}{i}" for i in range(count)])
+
+        self._phase(f"{count} real nodes (kubelet + containerd)", create)
+
+    def _wait_real_ready(self, names: list[str], timeout: float = 180) -> None:
+        from matrixpool.devcluster import nodes  # kubernetes client: only when needed
+
+        nodes.wait_ready(self.kubeconfig, set(names), timeout, hint="see real/<node>/*.log")
+
+    def _record_real(self, node: realnodes.Node, facts: dict[str, Any]) -> None:
+        state = self._read_state()
+        entry = state["real"]["nodes"].setdefault(node.name, {"pids": {}})
+        entry.update(facts)
+        self._write_state(state)
+
+    def _spawn_real(self, node: realnodes.Node, component: str, args: list[str]) -> None:
+        pid = self._start(args, node.folder / f"{component}.log", node.folder)
+        state = self._read_state()
+        state["real"]["nodes"][node.name].setdefault("pids", {})[component] = pid
+        self._write_state(state)
+
+    def stop_kubelet(self, name: str) -> None:
+        """Kill one real node's kubelet; its containers go on running (a node whose agent
+        died: the API server hears nothing more from it and its Lease expires)."""
+        state = self._read_state()
+        pid = state["real"]["nodes"][name]["pids"].pop("kubelet", None)
+        if pid:
+            _terminate(int(pid))
+        self._write_state(state)
+
+    def start_kubelet(self, name: str) -> None:
+        """Start a stopped real node's kubelet again with the same flags."""
+        state = self._read_state()
+        facts = state["real"]["nodes"][name]
+        node = self._real_node(name)
+        args = realnodes.kubelet_args(
+            node, self._network(), Path(state["bin_dir"]), facts["labels"]
+        )
+        self._spawn_real(node, "kubelet", args)
+
+    def load_image(self, archive: Path) -> None:
+        """Import a docker-archive into every real node's containerd."""
+        names = self.real_nodes()
+        if not names:
+            raise ClusterError("this cluster has no real nodes (cluster up --real-nodes N)")
+
+        def load(name: str) -> None:  # the nodes' containerds unpack side by side
+            started = clock.SYSTEM.monotonic()
+            realnodes.import_image(self._real_node(name), archive)
+            took = clock.SYSTEM.monotonic() - started
+            self._say(f"  {archive.name} loaded into {name} in {took:.1f} s")
+
+        with ThreadPoolExecutor(max_workers=len(names)) as pool:
+            list(pool.map(load, names))
+
+    def _remove_real_nodes(self, state: dict[str, Any]) -> None:
+        real = state.get("real")
+        if not real:
+            return
+        network = realnodes.Network(tag=real["tag"], octet=real["octet"])
+        for name, facts in real.get("nodes", {}).items():
+            node = realnodes.Node(facts.get("index", 0), self.folder / "real" / name)
+            pids = facts.get("pids", {})
+            if pids.get("kubelet"):
+                _terminate(int(pids["kubelet"]))
+            if pids.get("containerd") and _alive(int(pids["containerd"])):
+                realnodes.remove_containers(node)
+                _terminate(int(pids["containerd"]))
+            realnodes.kill_shims(node)
+        realnodes.remove_mount_namespaces(network)
+        realnodes.unmount_under(self.folder / "real")
+        realnodes.remove_network(network)
 
     def status(self) -> dict[str, Any]:
         """Processes with their pids and liveness, the API server address and readiness."""
@@ -213,7 +379,11 @@ class Cluster:
             [
                 str(bin_dir / "kube-apiserver"),
                 f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",
-                "--bind-address=127.0.0.1",
+                # Real nodes reach it on their bridge's gateway; else loopback only.
+                f"--bind-address={'0.0.0.0' if self._read_state().get('real') else '127.0.0.1'}",
+                f"--kubelet-client-certificate={pki.admin_cert}",
+                f"--kubelet-client-key={pki.admin_key}",
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
                 "--advertise-address=127.0.0.1",
                 f"--secure-port={ports.apiserver}",
                 f"--tls-cert-file={pki.server_cert}",
@@ -311,22 +481,27 @@ class Cluster:
     # ---- processes and files ---------------------------------------------------------------
 
     def _spawn(self, name: str, args: list[str]) -> None:
-        log_dir = self.folder / "logs"
-        log_dir.mkdir(parents=True, exist_ok=True)
-        with open(self._log(name), "ab") as log:
+        (self.folder / "logs").mkdir(parents=True, exist_ok=True)
+        pid = self._start(args, self._log(name), self.folder)
+        state = self._read_state()
+        state.setdefault("pids", {})[name] = pid
+        self._write_state(state)
+
+    def _start(self, args: list[str], log: Path, cwd: Path) -> int:
+        """Start ``args`` in a session of its own (it outlives this process unless ``tied``),
+        output appended to ``log``; return its pid."""
+        with open(log, "ab") as out:
             process = subprocess.Popen(
                 args,
-                stdout=log,
+                stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                cwd=self.folder,
+                cwd=cwd,
                 preexec_fn=_die_with_parent if self.tied else None,
             )
         _CHILDREN[process.pid] = process
-        state = self._read_state()
-        state.setdefault("pids", {})[name] = process.pid
-        self._write_state(state)
+        return process.pid
 
     def _wait_for(self, name: str, ready: Callable[[], bool], timeout: float = 60) -> None:
         """Poll ``ready`` until it holds; fail at once if the process died, with its log."""
@@ -394,6 +569,22 @@ class Cluster:
         tmp = self.state_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=2))
         tmp.replace(self.state_file)
+
+
+def node_packages(progress: Progress) -> None:
+    """containerd, runc and the CNI plugins (Debian's), installed when missing; the script's
+    lines (what it installs, the versions found) are passed on."""
+    script = binaries.repo_root() / "tools" / "k8s" / "node-packages.sh"
+    result = subprocess.run([str(script)], capture_output=True, text=True, check=False)
+    for line in result.stderr.splitlines():
+        progress(f"    {line}")
+    if result.returncode != 0:
+        raise ClusterError(f"{script} failed (exit {result.returncode}); see the lines above")
+
+
+def _node_order(name: str) -> tuple[int, str]:
+    digits = "".join(c for c in name if c.isdigit())
+    return (int(digits) if digits else 0, name)
 
 
 def apply_crds(cluster: Cluster, folder: Path) -> None:

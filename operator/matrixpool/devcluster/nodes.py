@@ -48,6 +48,20 @@ def ensure(kubeconfig: Path, shape: topology.Shape, progress: Callable[[str], No
         time.sleep(0.5)
 
 
+def wait_ready(kubeconfig: Path, names: set[str], timeout: float, hint: str) -> None:
+    """Wait until every node of ``names`` exists and is Ready."""
+    api = k8s_client.from_kubeconfig(kubeconfig)
+    deadline = clock.SYSTEM.monotonic() + timeout
+    while True:
+        ready = {n.metadata.name for n in api.core.list_node().items if _is_ready(n)}
+        if names <= ready:
+            return
+        if clock.SYSTEM.monotonic() > deadline:
+            waiting = ", ".join(sorted(names - ready))
+            raise TimeoutError(f"nodes not Ready after {timeout:.0f} s: {waiting} ({hint})")
+        time.sleep(0.5)
+
+
 def _is_ready(node: Any) -> bool:
     for condition in (node.status.conditions or []) if node.status else []:
         if condition.type == "Ready":

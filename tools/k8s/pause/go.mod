@@ -1,0 +1,3 @@
+module matrixpool.dev/tools/pause
+
+go 1.22
