@@ -11,8 +11,10 @@ restores it from the fastest valid copy. Called by training code, one per rank::
     ckpt.wait()                            # raises TierWriteError if a tier failed
 
 Saving (phases numbered as they run):
-1. ``save`` captures the state without copying (``staging.Stager``): NumPy arrays turn
-   read-only until copied, CUDA tensors start copying into reused pinned buffers.
+1. ``save`` captures the state (``staging.Stager``): NumPy arrays turn read-only until
+   copied (no copy at save), CPU tensors are copied into reused host buffers at once, and
+   device tensors (CUDA, NPU, any device with streams) start copying on a side stream into
+   reused pinned host buffers.
 2. A background thread reserves a buffer in the daemon's memory directory (shared with the
    trainer on the node; uploads over HTTP otherwise), copies the state into it while hashing,
    gives the arrays back (``wait_staged`` returns), and commits: the shard is tier 1 at once.
@@ -203,8 +205,9 @@ class Checkpointer:
         """Capture the state and return; copying and writing go on in the background.
 
         `tiers` overrides the cadence (e.g. every tier for a checkpoint the operator asked
-        for). Until ``wait_staged`` returns, NumPy arrays of the state are read-only and the
-        trainer must not change tensors of it.
+        for). Until ``wait_staged`` returns, NumPy arrays of the state are read-only; tensors
+        may change as soon as ``save`` returns (their bytes were copied or are being copied on
+        a stream ordered before the trainer's next kernels).
         """
         names.step(step)
         chosen = tuple(tiers) if tiers is not None else self.spec.due(step)

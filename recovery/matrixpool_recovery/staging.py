@@ -3,14 +3,21 @@
 Called by the trainer client (``client.Checkpointer``) and by the GPU benchmark.
 
 * ``Stager.capture`` takes a state (a mapping of names to bytes, NumPy arrays or PyTorch
-  tensors) without copying host memory: NumPy arrays are made read-only until their bytes are
-  copied, so a trainer that writes too early gets an error instead of a torn checkpoint. CUDA
-  tensors are copied on a side stream into pinned host buffers that are allocated once per
-  value and reused by every save (never a pageable copy).
+  tensors) so that the trainer may go on at once (``Checkpointer.save`` returns before the
+  bytes are copied):
+  - NumPy arrays are not copied: they are made read-only until their bytes are copied, so a
+    trainer that writes too early gets an error instead of a torn checkpoint;
+  - CPU tensors cannot be made read-only (an optimizer step writes them in place), so they
+    are copied at once into host buffers allocated once per value and reused by every save;
+  - tensors on an accelerator (CUDA, Ascend NPU through torch_npu, any device whose torch
+    module has streams: ``device_module``) are copied on a side stream of their device into
+    pinned host buffers, reused likewise (never a pageable copy); ``Captured.ready`` waits
+    for the copies. A device whose module has no streams is copied with ``tensor.to("cpu")``.
 * ``write_shard`` copies the captured values into a destination buffer (a daemon's shared
   memory or an upload buffer) in cache-sized pieces, hashing each piece while it is hot.
 * ``read_shard`` fills a state from a stream of shard bytes, hashing as it reads, into the
-  caller's arrays when given (``into``) or into one fresh buffer the arrays are views of.
+  caller's arrays and tensors when given (``into``: a tensor on a device is filled there once
+  its bytes are verified) or into one fresh buffer the arrays are views of.
 
 torch is optional: it is never imported to save (a tensor can only come from a trainer that
 imported it) and imported to restore only when a shard holds tensors.
@@ -18,6 +25,7 @@ imported it) and imported to restore only when a shard holds tensors.
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -28,6 +36,7 @@ import numpy.typing as npt
 
 from matrixpool_recovery import checksum, errors, shard
 
+log = logging.getLogger(__name__)
 PIECE = 256 << 10  # copy and hash in pieces that stay in the L2 cache
 READ_PIECE = 4 << 20  # network and file reads: large, then hashed
 Bytes = npt.NDArray[np.uint8]
@@ -43,6 +52,25 @@ def is_tensor(value: object) -> bool:
     return torch is not None and isinstance(value, torch.Tensor)
 
 
+def device_module(device: Any) -> Any:
+    """The torch module of a device (``torch.cuda``; ``torch.npu`` once torch_npu is
+    imported), or None when torch has none for its type."""
+    torch = _torch()
+    lookup = getattr(torch, "get_device_module", None)  # torch >= 2.3
+    if lookup is not None:
+        try:
+            return lookup(device)
+        except (RuntimeError, ValueError, AttributeError):
+            return None
+    return getattr(torch, device.type, None)
+
+
+def has_streams(module: Any) -> bool:
+    """Whether a device module can copy on a side stream and signal the end with an event."""
+    needed = ("Stream", "Event", "stream", "current_stream")
+    return module is not None and all(hasattr(module, name) for name in needed)
+
+
 @dataclass
 class Captured:
     """A state held for staging: its layout and a host view of each value."""
@@ -50,7 +78,7 @@ class Captured:
     layout: shard.Layout
     views: list[Bytes]  # host bytes of each entry, valid once ready() returned
     guarded: list[npt.NDArray[Any]] = field(default_factory=list)  # made read-only by capture
-    events: list[Any] = field(default_factory=list)  # CUDA events of the device copies
+    events: list[Any] = field(default_factory=list)  # device events ending the copies
 
     def ready(self) -> None:
         """Block until device-to-host copies into the pinned buffers are done."""
@@ -66,26 +94,33 @@ class Captured:
 
 
 class Stager:
-    """Captures states; owns the reused pinned host buffers and CUDA side streams."""
+    """Captures states; owns the reused host buffers and the devices' side streams.
 
-    def __init__(self) -> None:
-        self._pinned: dict[tuple[str, int], Any] = {}  # (name, nbytes) -> pinned uint8 tensor
-        self._streams: dict[Any, Any] = {}  # CUDA device -> side stream
+    A buffer is reused by the next capture of the same value: the caller captures again only
+    once the previous capture was written (``Checkpointer.save`` waits for it to be staged).
+    """
+
+    def __init__(self, modules: Callable[[Any], Any] = device_module) -> None:
+        self._modules = modules  # device -> its torch module (injected by tests)
+        self._buffers: dict[tuple[str, int, bool], Any] = {}  # (name, bytes, pinned) -> uint8
+        self._streams: dict[Any, Any] = {}  # device -> side stream
 
     def capture(self, job: str, rank: int, step: int, state: Mapping[str, Any]) -> Captured:
         described: list[tuple[str, str, str, tuple[int, ...], int]] = []
         captured = Captured(shard.plan(job, rank, step, []), [])
+        used: dict[tuple[str, int, bool], Any] = {}
         for name, value in state.items():
             if not isinstance(name, str):
                 raise TypeError(f"state keys must be str, not {type(name).__name__}")
-            kind, dtype, shape, view = self._host_view(name, value, captured)
+            kind, dtype, shape, view = self._host_view(name, value, captured, used)
             described.append((name, kind, dtype, shape, view.nbytes))
             captured.views.append(view)
+        self._buffers = used  # values no longer saved give their buffers up
         captured.layout = shard.plan(job, rank, step, described)
         return captured
 
     def _host_view(
-        self, name: str, value: Any, captured: Captured
+        self, name: str, value: Any, captured: Captured, used: dict[tuple[str, int, bool], Any]
     ) -> tuple[str, str, tuple[int, ...], Bytes]:
         if isinstance(value, bytes | bytearray | memoryview):
             data = bytes(value) if not isinstance(value, bytes) else value
@@ -95,37 +130,57 @@ class Stager:
         if isinstance(value, np.ndarray):
             return "numpy", value.dtype.str, value.shape, _guard(value, captured)
         if is_tensor(value):
-            return (
-                "torch",
-                str(value.dtype),
-                tuple(value.shape),
-                self._tensor(name, value, captured),
-            )
+            view = self._tensor(name, value, captured, used)
+            return "torch", str(value.dtype), tuple(value.shape), view
         raise TypeError(f"state[{name!r}]: bytes, NumPy arrays or torch tensors, not {type(value)}")
 
-    def _tensor(self, name: str, tensor: Any, captured: Captured) -> Bytes:
-        torch = _torch()
-        flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-        if not flat.is_cuda:
-            return np.asarray(flat.numpy())
-        pinned = self._pinned.get((name, flat.numel()))
-        if pinned is None:
-            pinned = torch.empty(flat.numel(), dtype=torch.uint8, pin_memory=True)
-            self._pinned[(name, flat.numel())] = pinned
-        stream = self._stream(flat.device)
-        stream.wait_stream(torch.cuda.current_stream(flat.device))
-        with torch.cuda.stream(stream):
-            pinned.copy_(flat, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(stream)
-        flat.record_stream(stream)
-        captured.events.append(event)
-        return np.asarray(pinned.numpy())
+    def _tensor(
+        self, name: str, tensor: Any, captured: Captured, used: dict[tuple[str, int, bool], Any]
+    ) -> Bytes:
+        flat = tensor.detach().contiguous().reshape(-1).view(_torch().uint8)
+        if flat.device.type == "cpu":
+            host = self._buffer(name, flat.numel(), False, used)
+            host.copy_(flat)  # the trainer may write the tensor as soon as save() returns
+            return np.asarray(host.numpy())
+        module = self._modules(flat.device)
+        if not has_streams(module):
+            return np.asarray(flat.to("cpu").numpy())
+        host = self._buffer(name, flat.numel(), True, used)
+        captured.events.append(self._copy_on_side_stream(module, flat, host))
+        return np.asarray(host.numpy())
 
-    def _stream(self, device: Any) -> Any:
-        if device not in self._streams:
-            self._streams[device] = _torch().cuda.Stream(device)
-        return self._streams[device]
+    def _buffer(
+        self, name: str, nbytes: int, pinned: bool, used: dict[tuple[str, int, bool], Any]
+    ) -> Any:
+        key = (name, nbytes, pinned)
+        found = self._buffers.get(key)
+        used[key] = found if found is not None else _host_buffer(nbytes, pinned)
+        return used[key]
+
+    def _copy_on_side_stream(self, module: Any, flat: Any, host: Any) -> Any:
+        """Queue the copy after the work the trainer queued so far; the event marks its end."""
+        device = flat.device
+        stream = self._streams.get(device)
+        if stream is None:
+            stream = self._streams[device] = module.Stream(device)
+        stream.wait_stream(module.current_stream(device))
+        with module.stream(stream):
+            host.copy_(flat, non_blocking=True)
+            event = module.Event()
+            event.record(stream)
+        flat.record_stream(stream)  # the allocator keeps its memory until the copy is done
+        return event
+
+
+def _host_buffer(nbytes: int, pinned: bool) -> Any:
+    """A uint8 host tensor; pinned by torch's accelerator allocator (CUDA, NPU) if asked."""
+    torch = _torch()
+    if pinned:
+        try:
+            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        except RuntimeError as err:  # no allocator pins: a pageable buffer is still correct
+            log.warning("pinned host memory unavailable, staging through pageable: %s", err)
+    return torch.empty(nbytes, dtype=torch.uint8)
 
 
 def _guard(array: npt.NDArray[Any], captured: Captured) -> Bytes:
@@ -259,10 +314,9 @@ def _fits(entry: shard.Entry, value: Any) -> bool:
 def _caller_target(entry: shard.Entry, value: Any) -> tuple[Bytes, Any]:
     if isinstance(value, np.ndarray):
         return value.reshape(-1).view(np.uint8), value
-    if value.is_cuda:  # read into host memory, copied to the device once verified
+    if value.device.type != "cpu":  # read into host memory, copied to the device once verified
         return np.empty(entry.nbytes, dtype=np.uint8), value
-    torch = _torch()
-    return np.asarray(value.reshape(-1).view(torch.uint8).numpy()), value
+    return np.asarray(value.detach().reshape(-1).view(_torch().uint8).numpy()), value
 
 
 def _value(entry: shard.Entry, target: Bytes) -> Any:
@@ -281,25 +335,32 @@ def _finish_torch(
 ) -> None:
     """Turn verified bytes into bytes objects and tensors (torch imported only if needed)."""
     for entry, target in zip(layout.entries, targets, strict=True):
-        value = state[entry.name]
         if entry.kind == "bytes":
             state[entry.name] = target.tobytes()
         elif entry.kind == "torch":
-            state[entry.name] = _tensor_from(entry, target, value if into is not None else None)
+            caller = None if into is None else into.get(entry.name)
+            filled = caller is not None and state[entry.name] is caller
+            state[entry.name] = _tensor_from(entry, target, caller, filled)
 
 
-def _tensor_from(entry: shard.Entry, target: Bytes, caller: Any) -> Any:
+def _tensor_from(entry: shard.Entry, target: Bytes, caller: Any, filled: bool) -> Any:
+    """The tensor of an entry: the caller's own when it took the bytes (on its device), else
+    a new one, on the caller's device when the caller gave a tensor of another size."""
     try:
         import torch  # type: ignore[import-not-found, unused-ignore]
     except ImportError as err:
         raise errors.CheckpointError(
             f"shard entry {entry.name!r} is a tensor; install torch"
         ) from err
+    if filled and caller.device.type != "cpu":
+        caller.detach().reshape(-1).view(torch.uint8).copy_(torch.from_numpy(target))
+    if filled:
+        return caller
     dtype = getattr(torch, entry.dtype.removeprefix("torch."))
-    host = torch.from_numpy(target).view(dtype).reshape(entry.shape)
-    if caller is not None and is_tensor(caller) and caller.is_cuda:
-        caller.copy_(host.view_as(caller))
-        return caller
-    if caller is not None and is_tensor(caller):
-        return caller
+    if entry.nbytes:
+        host = torch.from_numpy(target).view(dtype).reshape(entry.shape)
+    else:  # no bytes: an empty array's stride is 0, which view() refuses
+        host = torch.empty(entry.shape, dtype=dtype)
+    if is_tensor(caller) and caller.device.type != "cpu":
+        return host.to(caller.device)
     return host
