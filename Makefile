@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv binaries crds crds-check lint typecheck imports helm-lint unit integration chaos e2e test demo clean
+.PHONY: venv binaries crds crds-check lint typecheck imports helm-lint unit integration chaos e2e image real-nodes torch test demo clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -54,11 +54,26 @@ checkpoint: venv
 e2e: venv binaries
 	$(BIN)/pytest tests/e2e -q
 
-test: lint typecheck imports crds-check helm-lint unit integration checkpoint chaos e2e
+# The matrixpool image from Debian packages (mmdebstrap, this machine's apt sources) and the
+# project's wheel, no registry; loaded into the running local cluster's real nodes, if any.
+# Needs root. The Dockerfile describes the same image for a registry.
+image: venv
+	archive=$$(tools/image/build.sh matrixpool:dev) && $(BIN)/matrixpool cluster load-image --if-any "$$archive"
+
+# Real nodes (kubelet + containerd + runc), the image and the chart in real containers; root.
+real-nodes: venv binaries
+	$(BIN)/pytest tests/realnodes -q
+
+# The PyTorch trainer (Debian's python3-torch, CPU) against real checkpoint daemons.
+torch: venv
+	tools/torch-venv.sh
+	.venv-torch/bin/pytest tests/torch -q
+
+test: lint typecheck imports crds-check helm-lint unit integration checkpoint chaos e2e torch real-nodes
 
 demo: venv binaries
 	$(BIN)/matrixpool demo
 
 clean:
 	-$(BIN)/matrixpool cluster down
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .venv-torch .mypy_cache .ruff_cache .pytest_cache
