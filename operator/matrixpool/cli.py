@@ -108,6 +108,13 @@ def _parser() -> argparse.ArgumentParser:
         default="sn-real",
         help="the matrixpool.dev/supernode label of the real nodes (default sn-real)",
     )
+    up.add_argument(
+        "--peers",
+        action="store_true",
+        help="also the peers matrixpool is measured against: kube-scheduler's gang and "
+        "topology scheduling (feature gates GenericWorkload, TopologyAwareWorkloadScheduling) "
+        "and Kueue with TAS as a process (root; built from its Go module on first use)",
+    )
     up.set_defaults(handler=_cluster_up)
     load = cluster.add_parser(
         "load-image", help="import a docker-archive (make image) into every real node"
@@ -284,7 +291,13 @@ def _cluster_up(args: argparse.Namespace) -> int:
     )
     crds = None if args.no_crds else binaries.repo_root() / "crds"
     local = cluster.Cluster()
-    local.up(shape, crds=crds, real_nodes=args.real_nodes, real_supernode=args.real_supernode)
+    local.up(
+        shape,
+        crds=crds,
+        real_nodes=args.real_nodes,
+        real_supernode=args.real_supernode,
+        peers=args.peers,
+    )
     print(f"export KUBECONFIG={local.kubeconfig}")
     return 0
 

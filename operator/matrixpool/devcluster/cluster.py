@@ -43,6 +43,12 @@ POLICY_TEMPLATE = "templates/pod-annotations-policy.yaml"
 POLICY_NAMESPACE = "matrixpool-system"  # the release namespace the template is rendered for
 DEFAULT_ROOT = Path(os.environ.get("MATRIXPOOL_CACHE", Path.home() / ".cache" / "matrixpool"))
 SERVICE_CIDR = "10.96.0.0/16"
+# --peers: kube-scheduler's own gang scheduling (PodGroup, scheduling.k8s.io/v1beta1) and
+# topology-aware workload scheduling, on in every component that reads them (the API server
+# drops gated fields otherwise; the controller manager runs the PodGroup protection controller).
+PEER_GATES = "GenericWorkload=true,TopologyAwareWorkloadScheduling=true"
+PEER_RUNTIME_CONFIG = "scheduling.k8s.io/v1beta1=true"
+PEER_PROCESSES = ("kueue",)  # started after the control plane with --peers
 
 Progress = Callable[[str], None]
 # Processes this Python process started, kept so they are reaped (not left as zombies) and
@@ -94,8 +100,10 @@ class Cluster:
         crds: Path | None = None,
         real_nodes: int = 0,
         real_supernode: str = "sn-real",
+        peers: bool = False,
     ) -> None:
         """Start the control plane (or keep a healthy running one) and create the nodes.
+        ``peers``: also kube-scheduler's gang and topology gates, and Kueue (devcluster.kueue).
 
         Phases: 1 binaries, 2 PKI, 3 etcd, 4 kube-apiserver, 5 controllers and kwok,
         6 the pod-annotations admission policy, 7 CRDs, 8 nodes, 9 real nodes (``real_nodes``
@@ -109,6 +117,11 @@ class Cluster:
                 raise ClusterError(
                     "the running cluster has no real-node network; "
                     "`matrixpool cluster down`, then up again with --real-nodes"
+                )
+            if peers and not self._read_state().get("peers"):
+                raise ClusterError(
+                    "the running cluster was started without --peers; "
+                    "`matrixpool cluster down`, then up again with --peers"
                 )
             self._ensure_nodes(shape)
             if real_nodes:
@@ -127,6 +140,8 @@ class Cluster:
         pki = self._phase("certificates", lambda: certs.ensure(self.folder / "pki", server_ips))
         ports = Ports(*free_ports(6))
         state: dict[str, Any] = {"ports": vars(ports), "bin_dir": str(bin_dir), "pids": {}}
+        state["peers"] = peers
+        state["card_resource"] = shape.card_resource
         if network is not None:
             state["real"] = {"tag": network.tag, "octet": network.octet, "nodes": {}}
         self._write_state(state)
@@ -141,6 +156,8 @@ class Cluster:
         if crds is not None:
             self._phase("CRDs", lambda: apply_crds(self, crds))
         self._ensure_nodes(shape)
+        if peers:
+            self._phase("kueue", lambda: self._start_kueue(shape, pki))
         if real_nodes:
             self._ensure_real_nodes(real_nodes, real_supernode, shape.nodes_per_rack)
         self._say(f"cluster up in {clock.SYSTEM.monotonic() - started:.1f} s")
@@ -149,7 +166,7 @@ class Cluster:
         """Stop every process of the cluster and remove its state. Safe to repeat."""
         state = self._read_state()
         self._remove_real_nodes(state)
-        for name in reversed(COMPONENTS):
+        for name in (*PEER_PROCESSES, *reversed(COMPONENTS)):
             pid = state.get("pids", {}).get(name)
             if pid:
                 _terminate(int(pid))
@@ -163,6 +180,7 @@ class Cluster:
                 "config",
                 "helm",
                 "real",
+                "kueue",
             ):
                 _remove(self.folder / child)
         if not quiet:
@@ -172,7 +190,8 @@ class Cluster:
         """Whether every process is alive and the API server answers /readyz."""
         state = self._read_state()
         pids = state.get("pids", {})
-        if set(pids) != set(COMPONENTS) or not all(_alive(int(p)) for p in pids.values()):
+        expected = {*COMPONENTS, *(PEER_PROCESSES if state.get("peers") else ())}
+        if set(pids) != expected or not all(_alive(int(p)) for p in pids.values()):
             return False
         return self._api_ready(Ports(**state["ports"]))
 
@@ -308,7 +327,7 @@ class Cluster:
         pids = state.get("pids", {})
         processes = {
             name: {"pid": pids.get(name), "alive": bool(pids.get(name)) and _alive(int(pids[name]))}
-            for name in COMPONENTS
+            for name in (*COMPONENTS, *(PEER_PROCESSES if state.get("peers") else ()))
         }
         ports = state.get("ports")
         return {
@@ -340,6 +359,9 @@ class Cluster:
             self._start_apiserver(bin_dir, ports, pki)
         elif component == "etcd":
             self._start_etcd(bin_dir, ports)
+        elif component == "kueue":
+            self._spawn("kueue", state["kueue"]["args"])
+            self._wait_kueue(state["kueue"]["health_port"])
         else:
             self._spawn(component, self._controller_args(component, bin_dir, ports, pki))
 
@@ -405,6 +427,7 @@ class Cluster:
                 "--v=1",
                 # Nothing routes to the kubernetes Service here; do not publish loopback in it.
                 "--endpoint-reconciler-type=none",
+                *self._peer_flags(runtime_config=True),
             ],
         )
         self._wait_for("kube-apiserver", lambda: self._api_ready(ports), timeout=120)
@@ -436,20 +459,12 @@ class Cluster:
                 "--kube-api-qps=500",
                 "--kube-api-burst=1000",
                 "--v=1",
+                *self._peer_flags(),
             ]
         if name == "kube-scheduler":
             config = self.folder / "config" / "scheduler.yaml"
             config.parent.mkdir(parents=True, exist_ok=True)
-            config.write_text(
-                yaml.safe_dump(
-                    {
-                        "apiVersion": "kubescheduler.config.k8s.io/v1",
-                        "kind": "KubeSchedulerConfiguration",
-                        "clientConnection": {"kubeconfig": kubeconfig, "qps": 500, "burst": 1000},
-                        "leaderElection": {"leaderElect": False},
-                    }
-                )
-            )
+            config.write_text(yaml.safe_dump(self._scheduler_config(kubeconfig)))
             return [
                 str(bin_dir / name),
                 f"--config={config}",
@@ -458,6 +473,7 @@ class Cluster:
                 "--bind-address=127.0.0.1",
                 f"--secure-port={ports.scheduler}",
                 "--v=1",
+                *self._peer_flags(),
             ]
         return [
             str(bin_dir / "kwok"),
@@ -469,6 +485,69 @@ class Cluster:
             "--node-lease-duration-seconds=40",
             f"--server-address=127.0.0.1:{ports.kwok}",
         ]
+
+    def _peer_flags(self, *, runtime_config: bool = False) -> list[str]:
+        if not self._read_state().get("peers"):
+            return []
+        flags = [f"--feature-gates={PEER_GATES}"]
+        return flags + ([f"--runtime-config={PEER_RUNTIME_CONFIG}"] if runtime_config else [])
+
+    def _scheduler_config(self, kubeconfig: str) -> dict[str, Any]:
+        """kube-scheduler's configuration. With peers it bin-packs the cards, as a user running
+        accelerator gangs would set it: NodeResourcesFit scores MostAllocated over the card
+        resource (its default, cpu and memory, leaves cards out of node and domain choice)."""
+        config: dict[str, Any] = {
+            "apiVersion": "kubescheduler.config.k8s.io/v1",
+            "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {"kubeconfig": kubeconfig, "qps": 500, "burst": 1000},
+            "leaderElection": {"leaderElect": False},
+        }
+        state = self._read_state()
+        if state.get("peers"):
+            card = state.get("card_resource") or topology.Shape().card_resource
+            strategy = {"type": "MostAllocated", "resources": [{"name": card, "weight": 1}]}
+            config["profiles"] = [
+                {
+                    "schedulerName": "default-scheduler",
+                    "pluginConfig": [
+                        {"name": "NodeResourcesFit", "args": {"scoringStrategy": strategy}}
+                    ],
+                }
+            ]
+        return config
+
+    def _start_kueue(self, shape: topology.Shape, pki: certs.PKI) -> None:
+        """Build Kueue (tools/k8s/kueue.sh), install its CRDs and loopback webhooks, start it
+        and create its Topology, ResourceFlavor, ClusterQueue and priority classes."""
+        from matrixpool.devcluster import kueue
+
+        built = kueue.build(self._say)
+        folder = self.folder / "kueue"
+        ports = free_ports(2)
+        config, hooks = kueue.write_files(folder, built, (ports[0], ports[1]), pki)
+        crds = sorted((built / "crd").glob("*.yaml"))
+        kubectl(self, "apply", "--server-side", "--force-conflicts", *(f"-f={f}" for f in crds))
+        kubectl(
+            self, "wait", "--for=condition=Established", "--timeout=60s", *(f"-f={f}" for f in crds)
+        )
+        kubectl(self, "apply", "--server-side", "--force-conflicts", f"-f={hooks}")
+        args = [
+            str(built / "kueue"),
+            f"--config={config}",
+            f"--kubeconfig={self.kubeconfig}",
+            "--zap-log-level=error",
+        ]
+        state = self._read_state()
+        state["kueue"] = {"args": args, "health_port": ports[1], "webhook_port": ports[0]}
+        self._write_state(state)
+        self._spawn("kueue", args)
+        self._wait_kueue(ports[1])
+        objects = yaml.safe_dump_all(kueue.queue_objects(shape))
+        kubectl(self, "apply", "--server-side", "--force-conflicts", "-f", "-", input=objects)
+
+    def _wait_kueue(self, health_port: int) -> None:
+        url = f"http://127.0.0.1:{health_port}/readyz"
+        self._wait_for("kueue", functools.partial(_http_ok, url, None), timeout=120)
 
     def _ensure_nodes(self, shape: topology.Shape) -> None:
         def create() -> None:
