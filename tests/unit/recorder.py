@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from matrixpool import checkpoints
-from matrixpool.k8s import pods
+from matrixpool.api import labels
+from matrixpool.k8s import convert, executor, pods
 
 
 @dataclass
@@ -37,6 +38,23 @@ class Recorder:
 
     async def create_pods(self, manifests: Sequence[Mapping[str, Any]]) -> None:
         self.created += [dict(m) for m in manifests]
+
+    async def create_reserved(
+        self, manifests: Sequence[Mapping[str, Any]]
+    ) -> list[tuple[convert.PodFacts | None, pods.Outcome]]:
+        """Each pod is created, and its reservation recorded as :meth:`reserve` records one;
+        the facts get a UID of their own, as the API server gives one."""
+        self.created += [dict(m) for m in manifests]
+        answers: list[tuple[convert.PodFacts | None, pods.Outcome]] = []
+        for manifest in manifests:
+            meta = manifest["metadata"]
+            body = {**manifest, "metadata": {**meta, "uid": f"created-{meta['name']}"}}
+            notes = meta.get("annotations") or {}
+            self.reserved.append(
+                (meta["namespace"], meta["name"], notes[pods.NODE_ANNOTATION], notes[labels.CARDS])
+            )
+            answers.append((executor.facts_of(body), None))
+        return answers
 
     async def delete_pods(
         self, keys: Sequence[tuple[str, str]], grace_seconds: int | None = None

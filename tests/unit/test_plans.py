@@ -18,6 +18,7 @@ from matrixpool import checkpoints
 from matrixpool.api import inferenceservice, labels
 from matrixpool.handlers import peers, recovery, scheduler, timeshare, world
 from matrixpool.handlers.workloads import Workload
+from matrixpool.k8s import pods
 from tests.unit.recorder import Recorder
 from tests.unit.worlds import endpoint, fixed_world, held, index, job, pod, running
 
@@ -51,6 +52,49 @@ def test_the_cycle_reserves_then_binds_a_whole_gang_on_distinct_cards_and_report
     assert all(executor.bound_to[f"ns/{name}"] == node for _, name, node, _ in executor.reserved)
     (replicas,) = executor.status_of("a", "replicas")[-1:]
     assert replicas["bound"] == 3, replicas
+
+
+def test_a_new_gang_is_placed_then_created_reserved_and_bound_in_one_cycle() -> None:
+    executor = Recorder()
+    cycle(fixed_world({}, [job("a", 3)]), executor)
+    notes = {m["metadata"]["name"]: m["metadata"]["annotations"] for m in executor.created}
+    assert sorted(notes) == ["a-0", "a-1", "a-2"]
+    for name, annotation in notes.items():
+        assert executor.bound_to[f"ns/{name}"] == annotation[pods.NODE_ANNOTATION]
+        assert len(annotation[labels.CARDS].split(",")) == 8, annotation
+    assert len(set(executor.bound_to.values())) == 3, "one node per rank"
+
+
+def test_pods_created_reserved_hold_their_cards_while_the_index_does_not_show_them() -> None:
+    executor = Recorder()
+    assumed = world.Assumed()
+    memory = scheduler.Memory()
+    first, second = job("first", 2), job("second", 2)
+    asyncio.run(
+        scheduler.Cycle(fixed_world(assumed.view({}), [first]), memory, assumed, executor).run()
+    )
+    assert len(assumed.created) == 2
+    # the watch has shown nothing yet: the first job's pods are in the view all the same
+    seen = fixed_world(assumed.view({}), [first, second])
+    assert {p.name for p in seen.pods["ns/first"]} == {"first-0", "first-1"}
+    asyncio.run(scheduler.Cycle(seen, memory, assumed, executor).run())
+    held = [(node, cards) for _, _, node, cards in executor.reserved]
+    assert len(held) == len(set(held)) == 4, f"a card reserved twice: {held}"
+    assert len([m for m in executor.created if m["metadata"]["name"].startswith("first")]) == 2
+
+
+def test_a_new_gang_whose_pod_name_is_taken_is_not_bound() -> None:
+    class Taken(Recorder):
+        async def create_reserved(self, manifests: Any) -> Any:
+            answers = await super().create_reserved(manifests)
+            return [
+                (None, pods.AlreadyExistsError("a-1")) if f and f.name == "a-1" else (f, o)
+                for f, o in answers
+            ]
+
+    executor = Taken()
+    cycle(fixed_world({}, [job("a", 2)]), executor)
+    assert executor.bound_to == {}, "a gang with a pod of unknown state waits for the index"
 
 
 def test_a_gang_that_cannot_fit_waits_whole_with_a_reason_and_an_event() -> None:

@@ -36,6 +36,7 @@ field                                                    writer
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import posixpath
 import uuid
@@ -128,6 +129,7 @@ class Cycle:
         self.assumed = assumed if assumed is not None else Assumed()
         self.preempted = False
         self.by_gang: dict[model.GangKey, tuple[Workload, gangs.Gang]] = {}  # set by run()
+        self.new: list[Pending] = []  # gangs with no pod yet (reconcile_pods)
         self.shares = world.shares  # time-sharing's allowances (handlers.timeshare)
         self.topologies = read_model.topologies(world)
         self.supernode_of: dict[str, str] = {
@@ -140,11 +142,13 @@ class Cycle:
         by_key = {w.key: w for w in self.world.workloads}
         self.by_gang = {g.request.gang: (by_key[key], g) for key, gs in wanted.items() for g in gs}
         await self.reconcile_pods(wanted)  # phase 3
-        pending = await self.finish_half_bound(wanted)  # phase 4
+        pending = await self.finish_half_bound(wanted) + self.new  # phase 4
         await self.finish_preemptions()  # phase 4b: victims that answered or ran out of grace
         bindings = await self.place(pending)  # phase 5
         metrics.PENDING_GANGS.set(len(pending) - len(bindings))
+        tried = {b.placement.gang for b in bindings}
         bindings = await self.bind(bindings)  # phase 6
+        await self.create_unplaced(tried)  # phase 6b: new gangs that wait get pods to show it
         if not self.preempted:  # after a preemption the indexes lag: report next cycle
             await self.report(wanted, bindings)  # phase 7
 
@@ -197,8 +201,8 @@ class Cycle:
             resume = self.resume_value(workload, existing) if missing and not recovery else ""
             wanted_gangs = wanted.get(workload.key, [])
             contracts = training_contracts(workload, wanted_gangs, existing) if missing else {}
-            create = [
-                pin(
+            manifests = {
+                plan.name: pin(
                     pods.manifest(
                         plan, template(plan.role), workload.ref, resource, contracts.get(plan.name)
                     ),
@@ -207,7 +211,14 @@ class Cycle:
                 )
                 for plan in missing
                 if resume is not None  # None: an evicted job's restore is not known yet
-            ]
+            }
+            if not recovery:  # a recovery's new pods come reserved on their targets
+                for gang in wanted_gangs:
+                    members = [p.name for p in gang.pods]
+                    if members and all(n in manifests for n in members):  # none exists: new
+                        new = {n: manifests.pop(n) for n in members}
+                        self.new.append(Pending(workload, gang, [], new))
+            create = list(manifests.values())
             surplus = [p for p in existing.values() if p.name not in names and not p.deleting]
             try:
                 if create:
@@ -679,24 +690,31 @@ class Cycle:
     # ---- phase 6: reserve, then bind -----------------------------------------------------------
 
     async def bind(self, bindings: Sequence[Binding]) -> list[Binding]:
-        """Reserve every pod of every gang, then bind the gangs whose reservations all took;
-        the bindings that went through. What was written is assumed held (handlers.world)."""
+        """Reserve every pod of every gang (a new gang's pods are created reserved), then bind
+        the gangs whose reservations all took; the bindings that went through. What was written
+        is assumed held (handlers.world)."""
         if not bindings:
             return []
         started = clock.SYSTEM.monotonic()
-        reservations = [(b, *r) for b in bindings for r in self.unbound(b)]
+        failed: set[model.GangKey] = set()
+        created = await self.create_reserved([b for b in bindings if b.pending.new is not None])
+        reservations = [(b, *r) for b in bindings if b.pending.new is None for r in self.unbound(b)]
         for _, pod, node, cards in reservations:
             self.assumed.reserved(pod, node, cards)
         outcomes = await self.act.reserve(
             [(p.namespace, p.name, n, labels.format_cards(c)) for _, p, n, c in reservations]
         )
-        failed: set[model.GangKey] = set()
         for (b, pod, _, _), outcome in zip(reservations, outcomes, strict=True):
             if outcome is not None:
                 self.assumed.released(pod)
                 failed.add(b.placement.gang)
                 log.warning("could not reserve", pod=pod.key, error=str(outcome))
                 self.refused(b.pending.workload, b.placement.gang, "reserve", outcome)
+        for b, made in created:
+            if made is None:
+                failed.add(b.placement.gang)
+            else:
+                reservations += [(b, pod, node, cards) for pod, node, cards in made]
         ready = [r for r in reservations if r[0].placement.gang not in failed]
         bound = await self.act.bind([(p.namespace, p.name, n) for _, p, n, _ in ready])
         for (b, pod, node, _), outcome in zip(ready, bound, strict=True):
@@ -725,6 +743,65 @@ class Cycle:
             seconds=round(elapsed, 3),
         )
         return done
+
+    async def create_reserved(
+        self, bindings: Sequence[Binding]
+    ) -> list[tuple[Binding, list[tuple[convert.PodFacts, str, frozenset[int]]] | None]]:
+        """Create the pods of new gangs with their reservation; per gang (pod, node, cards) of
+        each, or None if one could not be created (its created pods are then a partial
+        reservation: the next cycle clears it and places the gang again)."""
+        manifests: list[dict[str, Any]] = []
+        owners: list[tuple[Binding, str, frozenset[int]]] = []
+        for b in bindings:
+            assert b.pending.new is not None
+            chosen = {a.pod.split("/", 1)[1]: a for a in b.placement.assignments}
+            for name, manifest in b.pending.new.items():
+                a = chosen.get(name)
+                if a is None:
+                    continue  # the placement gives it no card: created below, unreserved
+                body = copy.deepcopy(manifest)
+                notes = body["metadata"].setdefault("annotations", {})
+                notes[convert.NODE_ANNOTATION] = a.node
+                notes[labels.CARDS] = labels.format_cards(frozenset(a.cards))
+                manifests.append(body)
+                owners.append((b, a.node, frozenset(a.cards)))
+        answers = await self.act.create_reserved(manifests) if manifests else []
+        made: dict[model.GangKey, list[tuple[convert.PodFacts, str, frozenset[int]]] | None] = {
+            b.placement.gang: [] for b in bindings
+        }
+        for (b, node, cards), (facts, outcome) in zip(owners, answers, strict=True):
+            key = b.placement.gang
+            if facts is None:
+                log.warning("could not create a reserved pod", gang=key, error=str(outcome))
+                self.refused(b.pending.workload, key, "create", outcome)
+                made[key] = None
+                continue
+            self.assumed.made(facts)
+            self.world.pods.setdefault(f"{facts.namespace}/{facts.owner}", []).append(facts)
+            gang_made = made[key]
+            if gang_made is not None:
+                gang_made.append((facts, node, cards))
+        rest = [
+            m
+            for b in bindings
+            for name, m in (b.pending.new or {}).items()
+            if name not in {a.pod.split("/", 1)[1] for a in b.placement.assignments}
+        ]
+        if rest:
+            await self.act.create_pods(rest)
+        return [(b, made[b.placement.gang]) for b in bindings]
+
+    async def create_unplaced(self, tried: set[model.GangKey]) -> None:
+        """New gangs that could not be placed this cycle get their pods now, unreserved: the
+        pods show the gang waiting (kubectl get pods), and the next cycles place them."""
+        manifests = [
+            m for p in self.new if p.gang.request.gang not in tried for m in (p.new or {}).values()
+        ]
+        if manifests:
+            try:
+                await self.act.create_pods(manifests)
+            except Exception as error:  # e.g. a namespace being deleted: next cycle again
+                log.warning("could not create pods", pods=len(manifests), error=str(error))
 
     @staticmethod
     def unbound(
@@ -901,11 +978,14 @@ class Cycle:
 
 @dataclass(frozen=True)
 class Pending:
-    """A gang with pods still to place (all of them, or the holes of a running gang)."""
+    """A gang with pods still to place (all of them, or the holes of a running gang). A *new*
+    gang has no pod yet: ``new`` holds the manifests of its pods, by name; placed, they are
+    created with their reservation (no pod is ever created twice: a name taken is an error)."""
 
     workload: Workload
     gang: gangs.Gang
     pods: list[convert.PodFacts]
+    new: Mapping[str, dict[str, Any]] | None = None
 
     @property
     def request(self) -> model.GangRequest:

@@ -43,6 +43,11 @@ gang). An assumption ends when:
 3. the pod is gone from the index (watch events are ordered, so the index has seen our write
    before it sees the deletion).
 
+A pod the operator *created* already reserved (a gang placed before its pods existed) is in
+the view from its creation on, as the API server answered it, until the index shows it — or,
+if the index never does (created and deleted between two passes), for
+:data:`CREATED_SECONDS`; meanwhile its cards are held, never given twice.
+
 Errors: none; building the model reads memory only.
 """
 
@@ -56,12 +61,14 @@ from typing import Any, cast
 
 import structlog
 
+from matrixpool import clock
 from matrixpool.api import common, supernode, trainingjob
 from matrixpool.handlers.workloads import Workload
 from matrixpool.k8s import convert
 from matrixpool.placement import inventory, model
 
 log = structlog.get_logger(__name__)
+CREATED_SECONDS = 60.0  # a created pod the index never showed leaves the view after this
 
 
 @dataclass
@@ -365,6 +372,14 @@ class Assumed:
 
     holdings: dict[str, Assumption] = field(default_factory=dict)  # pod UID → what we wrote
     deleted: set[str] = field(default_factory=set)  # pod UIDs we deleted
+    # pod UID → (its owner "<ns>/<workload>", the pod as created, when): not yet in the index
+    created: dict[str, tuple[str, convert.PodFacts, float]] = field(default_factory=dict)
+
+    def made(self, pod: convert.PodFacts) -> None:
+        """The operator created ``pod`` (with its reservation, if any): seen from now on."""
+        if pod.uid:
+            owner = f"{pod.namespace}/{pod.owner}"
+            self.created[pod.uid] = (owner, pod, clock.SYSTEM.monotonic())
 
     def reserved(self, pod: convert.PodFacts, node: str, cards: frozenset[int]) -> None:
         if pod.uid:
@@ -386,7 +401,7 @@ class Assumed:
             self.deleted.add(pod.uid)
 
     def __len__(self) -> int:
-        return len(self.holdings) + len(self.deleted)
+        return len(self.holdings) + len(self.deleted) + len(self.created)
 
     def view(
         self, pods: Mapping[str, Sequence[convert.PodFacts]]
@@ -394,6 +409,12 @@ class Assumed:
         """The pods as the operator left them: first drop what the index now shows (rules
         1-3 of the module), then apply the rest."""
         seen = {p.uid: p for facts in pods.values() for p in facts if p.uid}
+        now = clock.SYSTEM.monotonic()
+        for uid, (_, _, at) in list(self.created.items()):
+            if uid in seen or now - at > CREATED_SECONDS:
+                del self.created[uid]
+        unseen = {uid: pod for uid, (_, pod, _) in self.created.items()}
+        seen |= unseen
         for uid, assumption in list(self.holdings.items()):
             pod = seen.get(uid)
             if pod is None or assumption.shown_by(pod) or assumption.contradicted_by(pod):
@@ -401,7 +422,10 @@ class Assumed:
                     log.warning("pod bound elsewhere than assumed", pod=assumption.key)
                 del self.holdings[uid]
         self.deleted = {uid for uid in self.deleted if uid in seen and not seen[uid].deleting}
-        return {owner: [self._apply(p) for p in facts] for owner, facts in pods.items()}
+        merged = {owner: list(facts) for owner, facts in pods.items()}
+        for owner, pod, _ in self.created.values():
+            merged.setdefault(owner, []).append(pod)
+        return {owner: [self._apply(p) for p in facts] for owner, facts in merged.items()}
 
     def _apply(self, pod: convert.PodFacts) -> convert.PodFacts:
         assumption = self.holdings.get(pod.uid) if pod.uid else None

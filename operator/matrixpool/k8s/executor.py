@@ -22,7 +22,7 @@ from typing import Any, Protocol, cast
 import kopf
 
 from matrixpool import checkpoints
-from matrixpool.k8s import configmaps, pods
+from matrixpool.k8s import configmaps, convert, pods
 from matrixpool.k8s import status as k8s_status
 
 PodKey = tuple[str, str]  # namespace, name
@@ -37,6 +37,13 @@ class Executor(Protocol):
 
     async def delete_pods(self, keys: Sequence[PodKey], grace_seconds: int | None = None) -> None:
         """Delete these pods (one already gone is no error)."""
+        ...
+
+    async def create_reserved(
+        self, manifests: Sequence[Mapping[str, Any]]
+    ) -> list[tuple[convert.PodFacts | None, pods.Outcome]]:
+        """Create these pods, reserved in their manifests; per pod the pod as created (its
+        UID) or the error — one that exists already is an error (pods.AlreadyExistsError)."""
         ...
 
     async def reserve(
@@ -105,6 +112,14 @@ class Live:
     async def delete_pods(self, keys: Sequence[PodKey], grace_seconds: int | None = None) -> None:
         await pods.delete(keys, grace_seconds=grace_seconds)
 
+    async def create_reserved(
+        self, manifests: Sequence[Mapping[str, Any]]
+    ) -> list[tuple[convert.PodFacts | None, pods.Outcome]]:
+        return [
+            (None, outcome) if body is None else (facts_of(body), None)
+            for body, outcome in await pods.create_reserved(manifests)
+        ]
+
     async def reserve(
         self, reservations: Sequence[tuple[str, str, str, str]]
     ) -> list[pods.Outcome]:
@@ -148,3 +163,17 @@ class Live:
 
     async def set_peers(self, endpoint: str, peers: list[str]) -> bool:
         return await checkpoints.set_peers(endpoint, peers)
+
+
+def facts_of(pod: Mapping[str, Any]) -> convert.PodFacts | None:
+    """A pod as the API server answered it (raw JSON), as the index would show it."""
+    meta = pod.get("metadata") or {}
+    return convert.pod_facts(
+        meta.get("name", ""),
+        meta.get("namespace", ""),
+        meta.get("labels") or {},
+        meta.get("annotations") or {},
+        pod.get("spec") or {},
+        pod.get("status") or {},
+        meta,
+    )

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -59,6 +60,16 @@ def _transient(error: BaseException) -> bool:
 
 retry = tenacity.retry(
     retry=tenacity.retry_if_exception(_transient),
+    wait=tenacity.wait_exponential_jitter(multiplier=0.05, max=3),
+    stop=tenacity.stop_after_attempt(8),
+    reraise=True,
+)
+
+# The same, except for a conflict: a pod created twice is an answer, not a hiccup.
+retry_but_conflicts = tenacity.retry(
+    retry=tenacity.retry_if_exception(
+        lambda error: _transient(error) and not k8s_client.is_status(error, 409)
+    ),
     wait=tenacity.wait_exponential_jitter(multiplier=0.05, max=3),
     stop=tenacity.stop_after_attempt(8),
     reraise=True,
@@ -256,7 +267,11 @@ async def create(pods: Sequence[Mapping[str, Any]]) -> None:
         @retry
         def create_one() -> None:
             try:
-                api.core.create_namespaced_pod(body["metadata"]["namespace"], dict(body))
+                _done(
+                    api.core.create_namespaced_pod(
+                        body["metadata"]["namespace"], dict(body), _preload_content=False
+                    )
+                )
             except Exception as error:
                 if not k8s_client.is_status(error, 409):
                     raise
@@ -266,13 +281,52 @@ async def create(pods: Sequence[Mapping[str, Any]]) -> None:
     await gather_limited(call(p) for p in pods)
 
 
+class AlreadyExistsError(Exception):
+    """A pod created already reserved was there before: its reservation is not this call's."""
+
+
+async def create_reserved(pods: Sequence[Mapping[str, Any]]) -> list[tuple[Any, Outcome]]:
+    """Create ``pods``, whose manifests carry their reservation (a gang placed before its pods
+    existed); per pod the created object (raw JSON, decoded) and None, or None and the error.
+    A pod that exists already is :class:`AlreadyExistsError`: its state is not what was placed."""
+    api = k8s_client.default_api()
+
+    def call(body: Mapping[str, Any]) -> Callable[[], tuple[Any, Outcome]]:
+        @retry_but_conflicts
+        def create_one() -> Any:
+            response = api.core.create_namespaced_pod(
+                body["metadata"]["namespace"], dict(body), _preload_content=False
+            )
+            try:
+                return json.loads(response.read())
+            finally:
+                response.release_conn()
+
+        def run() -> tuple[Any, Outcome]:
+            try:
+                return create_one(), None
+            except Exception as error:
+                if k8s_client.is_status(error, 409):
+                    name = body["metadata"]["name"]
+                    return None, AlreadyExistsError(f"pod {name} exists already")
+                return None, error
+
+        return run
+
+    return await gather_limited(call(p) for p in pods)
+
+
 async def reserve(reservations: Sequence[tuple[str, str, str, str]]) -> list[Outcome]:
     """Annotate each ``(namespace, pod, node, cards)`` with its node and cards."""
     api = k8s_client.default_api()
 
     def call(namespace: str, name: str, node: str, cards: str) -> Callable[[], object]:
         body = {"metadata": {"annotations": {NODE_ANNOTATION: node, labels.CARDS: cards}}}
-        return retry(lambda: api.core.patch_namespaced_pod(name, namespace, body))
+        return retry(
+            lambda: _done(
+                api.core.patch_namespaced_pod(name, namespace, body, _preload_content=False)
+            )
+        )
 
     return await gather_outcomes(call(*r) for r in reservations)
 
@@ -284,7 +338,11 @@ async def unreserve(pods: Sequence[tuple[str, str]]) -> None:
 
     def call(namespace: str, name: str) -> Callable[[], None]:
         return retry(
-            lambda: _ignore_missing(lambda: api.core.patch_namespaced_pod(name, namespace, body))
+            lambda: _ignore_missing(
+                lambda: _done(
+                    api.core.patch_namespaced_pod(name, namespace, body, _preload_content=False)
+                )
+            )
         )
 
     await gather_limited(call(*p) for p in pods)
@@ -306,8 +364,10 @@ async def bind(bindings: Sequence[tuple[str, str, str]]) -> list[Outcome]:
         def bind_one() -> None:
             try:
                 # The client cannot decode the Status that binding returns: take it raw.
-                api.core.create_namespaced_pod_binding(
-                    name, namespace, body, _preload_content=False
+                _done(
+                    api.core.create_namespaced_pod_binding(
+                        name, namespace, body, _preload_content=False
+                    )
                 )
             except Exception as error:
                 if not k8s_client.is_status(error, 409):
@@ -342,7 +402,11 @@ async def annotate(pods: Sequence[tuple[str, str]], annotations: Mapping[str, st
 
     def call(namespace: str, name: str) -> Callable[[], None]:
         return retry(
-            lambda: _ignore_missing(lambda: api.core.patch_namespaced_pod(name, namespace, body))
+            lambda: _ignore_missing(
+                lambda: _done(
+                    api.core.patch_namespaced_pod(name, namespace, body, _preload_content=False)
+                )
+            )
         )
 
     await gather_limited(call(*p) for p in pods)
@@ -355,13 +419,23 @@ async def delete(pods: Sequence[tuple[str, str]], grace_seconds: int | None = No
     def call(namespace: str, name: str) -> Callable[[], None]:
         return retry(
             lambda: _ignore_missing(
-                lambda: api.core.delete_namespaced_pod(
-                    name, namespace, grace_period_seconds=grace_seconds
+                lambda: _done(
+                    api.core.delete_namespaced_pod(
+                        name, namespace, grace_period_seconds=grace_seconds, _preload_content=False
+                    )
                 )
             )
         )
 
     await gather_limited(call(*p) for p in pods)
+
+
+def _done(response: Any) -> None:
+    """Finish a call made with ``_preload_content=False`` (an error status has raised already):
+    its body is read and its connection goes back to the pool, undecoded — decoding a Pod into
+    the client's models costs more CPU than the call itself."""
+    response.read()
+    response.release_conn()
 
 
 def _ignore_missing(call: Callable[[], object]) -> None:
