@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv binaries crds crds-check lint typecheck imports helm-lint unit integration chaos e2e image real-nodes torch test demo clean
+.PHONY: venv binaries crds crds-check lint typecheck imports helm-lint unit integration chaos e2e image real-nodes torch peers test demo clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -68,6 +68,12 @@ real-nodes: venv binaries
 torch: venv
 	tools/torch-venv.sh
 	.venv-torch/bin/pytest tests/torch -q
+
+# matrixpool beside kube-scheduler's own gang + topology scheduling and Kueue (TAS), one trace on
+# one local cluster (benchmarks/peers.py); root (Kueue's certificate path). Not part of `test`.
+peers: venv binaries
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	$(BIN)/python benchmarks/peers.py --json --png docs/img/peers.png
 
 test: lint typecheck imports crds-check helm-lint unit integration checkpoint chaos e2e torch real-nodes
 
