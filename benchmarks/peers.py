@@ -77,12 +77,15 @@ class Gang:
     duration: float  # seconds from every pod bound to its deletion
     serving: bool = False  # an inference group (matrixpool: an InferenceService)
     priority: str = "low"
+    within: str | None = None  # the label it must stay inside; None: the smallest level it fits
 
     def nodes_needed(self, cards_per_node: int) -> int:
         return math.ceil(self.pods * self.cards / cards_per_node)
 
     def domain(self, shape: topology.Shape) -> str:
         """The topology level it must stay inside: a rack when it fits one, else a supernode."""
+        if self.within:
+            return self.within
         fits_rack = self.nodes_needed(shape.cards_per_node) <= shape.nodes_per_rack
         return labels.RACK if fits_rack else labels.SUPERNODE
 

@@ -59,16 +59,17 @@ class KueueError(RuntimeError):
 def build(progress: Callable[[str], None]) -> Path:
     """Build (or reuse) Kueue; the folder with ``kueue``, ``crd/`` and ``webhook/``."""
     script = binaries.repo_root() / "tools" / "k8s" / "kueue.sh"
-    process = subprocess.Popen(
+    with subprocess.Popen(
         ["bash", str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    assert process.stderr is not None
-    assert process.stdout is not None
-    for line in process.stderr:
-        progress(line.rstrip())
-    out = process.stdout.read().strip().splitlines()
-    if process.wait() != 0 or not out:
-        raise KueueError(f"tools/k8s/kueue.sh failed (exit {process.returncode})")
+    ) as process:
+        assert process.stderr is not None
+        assert process.stdout is not None
+        for line in process.stderr:
+            progress(line.rstrip())
+        out = process.stdout.read().strip().splitlines()
+        code = process.wait()
+    if code != 0 or not out:
+        raise KueueError(f"tools/k8s/kueue.sh failed (exit {code})")
     return Path(out[-1])
 
 
