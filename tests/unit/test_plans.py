@@ -83,6 +83,22 @@ def test_pods_created_reserved_hold_their_cards_while_the_index_does_not_show_th
     assert len([m for m in executor.created if m["metadata"]["name"].startswith("first")]) == 2
 
 
+def test_a_resuming_job_gets_its_pods_first_and_is_placed_once_time_sharing_told_them() -> None:
+    """Time-sharing annotates a resumed job's new pods with what to restore before they are
+    bound (its own pass, next loop): the cycle creates them unreserved and binds nothing."""
+    executor = Recorder()
+    seen = fixed_world({}, [job("a", 2)])
+    seen.shares.resuming.add("ns/a")
+    cycle(seen, executor)
+    assert sorted(m["metadata"]["name"] for m in executor.created) == ["a-0", "a-1"]
+    assert all(
+        pods.NODE_ANNOTATION not in (m["metadata"].get("annotations") or {})
+        for m in executor.created
+    )
+    assert executor.reserved == []
+    assert executor.bound_to == {}
+
+
 def test_a_new_gang_whose_pod_name_is_taken_is_not_bound() -> None:
     class Taken(Recorder):
         async def create_reserved(self, manifests: Any) -> Any:

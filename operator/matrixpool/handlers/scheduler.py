@@ -212,7 +212,9 @@ class Cycle:
                 for plan in missing
                 if resume is not None  # None: an evicted job's restore is not known yet
             }
-            if not recovery:  # a recovery's new pods come reserved on their targets
+            # A recovery's new pods come reserved on their targets; a resuming job's are told
+            # what to restore by time-sharing before they are bound.
+            if not recovery and workload.key not in self.shares.resuming:
                 for gang in wanted_gangs:
                     members = [p.name for p in gang.pods]
                     if members and all(n in manifests for n in members):  # none exists: new

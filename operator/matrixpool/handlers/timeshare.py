@@ -187,7 +187,8 @@ class Sharing:
             await self.evicted(jobs[key], target, allowed.training[split.WorkloadKey(key)])
         for key, job in jobs.items():
             await self.settle_request(job, current)
-            await self.resume(job, allowed.training[split.WorkloadKey(key)])
+            if await self.resume(job, allowed.training[split.WorkloadKey(key)]):
+                shares.resuming.add(key)
         shares.inference.update({k: dict(r) for k, r in allowed.inference.items()})
         shares.training.update({str(k): v for k, v in allowed.training.items()})
         for key in jobs:
@@ -424,17 +425,17 @@ class Sharing:
 
     # ---- the resume ----------------------------------------------------------------------------
 
-    async def resume(self, job: Workload, allowance: int) -> None:
+    async def resume(self, job: Workload, allowance: int) -> bool:
         """Rule 4: tell the new pods of a suspended job what to restore; close the suspension
-        once every pod is bound."""
+        once every pod is bound. Whether the job is resuming (its suspension still open)."""
         state = self.status_of(job)
         suspensions = list(state.get("suspensions") or [])
         if allowance == 0 or not suspensions or suspensions[-1].get("resumedAt"):
-            return
+            return False
         record = trainingjob.Suspension.model_validate(suspensions[-1])
         live = self.live(job.key)
         if not live:
-            return
+            return True
         cached = self.memory.restores.get(job.uid)
         if cached is None or cached[0] != record.request_id:
             step, found = await self.committed(job, record.world_size, whole=True)
@@ -477,6 +478,8 @@ class Sharing:
                 f"(suspended at step {record.step})",
             )
             log.info("resumed", job=job.key, step=step, suspended_step=record.step)
+            return False
+        return True
 
     # ---- the transition's timeline -------------------------------------------------------
 

@@ -118,6 +118,9 @@ class Shares:
     inference: dict[str, dict[str, int]] = field(default_factory=dict)  # key → role → replicas
     training: dict[str, int] = field(default_factory=dict)  # key → replicas; 0 = suspended
     phases: dict[str, trainingjob.Phase] = field(default_factory=dict)  # Checkpointing, Suspended
+    # suspended jobs whose pods come back now: time-sharing tells each new pod what to restore
+    # before it is bound, so their pods are created first and placed by a later cycle
+    resuming: set[str] = field(default_factory=set)
 
     def governs(self, key: str) -> bool:
         return key in self.inference or key in self.training
