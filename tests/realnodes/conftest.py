@@ -18,6 +18,7 @@ import pytest
 
 from matrixpool.devcluster import cluster as devcluster
 from matrixpool.devcluster import realnodes, topology
+from tests import ci
 from tests.integration import framework
 from tests.integration.chart import CHART, RELEASE, REPO, SYSTEM
 from tests.integration.conftest import namespace  # noqa: F401 -- a fixture of this suite too
@@ -34,9 +35,7 @@ def _require_root() -> None:
     try:
         realnodes.require_root()
     except realnodes.RealNodeError as error:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"real nodes cannot run: {error}")
-        pytest.skip(f"real nodes cannot run: {error}")
+        ci.cannot_run(f"real nodes cannot run: {error}")
 
 
 @pytest.fixture(scope="session")

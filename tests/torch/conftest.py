@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from matrixpool.api import labels
+from tests import ci
 from tests.checkpoint.conftest import ROOT, Cluster, job_token
 from tests.checkpoint.conftest import cluster as cluster  # the fixture, re-exported
 
@@ -35,10 +36,9 @@ def require(module: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError as error:
-        reason = f"{module} cannot be imported: {error} (run tools/torch-venv.sh)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason, allow_module_level=True)
+        ci.cannot_run(
+            f"{module} cannot be imported: {error} (run tools/torch-venv.sh)", module=True
+        )
 
 
 WIDTH = 1024  # the MLP's layers: 2 x 1024 x 1024, 8 MB of parameters, 25 MB shards with Adam
