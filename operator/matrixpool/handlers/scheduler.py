@@ -754,13 +754,15 @@ class Cycle:
         reservation: the next cycle clears it and places the gang again)."""
         manifests: list[dict[str, Any]] = []
         owners: list[tuple[Binding, str, frozenset[int]]] = []
+        rest: list[dict[str, Any]] = []  # pods the placement gives no card: created unreserved
         for b in bindings:
             assert b.pending.new is not None
             chosen = {a.pod.split("/", 1)[1]: a for a in b.placement.assignments}
             for name, manifest in b.pending.new.items():
                 a = chosen.get(name)
                 if a is None:
-                    continue  # the placement gives it no card: created below, unreserved
+                    rest.append(manifest)
+                    continue
                 body = copy.deepcopy(manifest)
                 notes = body["metadata"].setdefault("annotations", {})
                 notes[convert.NODE_ANNOTATION] = a.node
@@ -783,12 +785,6 @@ class Cycle:
             gang_made = made[key]
             if gang_made is not None:
                 gang_made.append((facts, node, cards))
-        rest = [
-            m
-            for b in bindings
-            for name, m in (b.pending.new or {}).items()
-            if name not in {a.pod.split("/", 1)[1] for a in b.placement.assignments}
-        ]
         if rest:
             await self.act.create_pods(rest)
         return [(b, made[b.placement.gang]) for b in bindings]
