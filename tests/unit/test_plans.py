@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
+import json
 from typing import Any
 
 import kubernetes
@@ -18,6 +19,7 @@ from matrixpool import checkpoints
 from matrixpool.api import inferenceservice, labels
 from matrixpool.handlers import peers, recovery, scheduler, timeshare, world
 from matrixpool.handlers.workloads import Workload
+from matrixpool.k8s import client as k8s_client
 from matrixpool.k8s import pods
 from tests.unit.recorder import Recorder
 from tests.unit.worlds import endpoint, fixed_world, held, index, job, pod, running
@@ -147,6 +149,28 @@ def test_a_binding_refused_by_rbac_says_so_in_the_condition_and_an_event() -> No
     assert "ClusterRole" in scheduled["message"], scheduled
     assert 'cannot create resource "pods/binding"' in scheduled["message"], scheduled
     assert "Forbidden" in executor.reasons("a")
+
+
+def test_a_create_refused_because_the_namespace_goes_is_no_rbac_refusal() -> None:
+    """A namespace being deleted answers 403 too, with the NamespaceTerminating cause: no
+    ClusterRole is missing, so no Forbidden condition and no hint at one."""
+    going = kubernetes.client.ApiException(status=403, reason="Forbidden")
+    going.body = json.dumps(
+        {
+            "message": 'pods "a-0" is forbidden: unable to create new content in namespace ns '
+            "because it is being terminated",
+            "details": {
+                "causes": [
+                    {"type": "NamespaceTerminating", "message": "namespace ns is being terminated"}
+                ]
+            },
+        }
+    )
+    assert k8s_client.forbidden(going) is None
+    rbac = kubernetes.client.ApiException(status=403, reason="Forbidden")
+    rbac.body = '{"message": "pods is forbidden: cannot create resource"}'
+    assert k8s_client.forbidden(rbac) == "pods is forbidden: cannot create resource"
+    assert k8s_client.forbidden(kubernetes.client.ApiException(status=409)) is None
 
 
 def test_a_higher_priority_gang_preempts_one_without_checkpoints_at_once() -> None:

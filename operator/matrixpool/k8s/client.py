@@ -17,6 +17,7 @@ from typing import Any
 import kubernetes
 
 NAMESPACE_VARIABLE = "MATRIXPOOL_NAMESPACE"  # the operator's namespace (the chart sets it)
+NAMESPACE_TERMINATING = "NamespaceTerminating"  # the StatusCause of a create into a going namespace
 # Enough connections for the concurrent bindings and status patches of a large supernode.
 POOL_SIZE = 64
 
@@ -66,14 +67,21 @@ def is_status(error: BaseException, *codes: int) -> bool:
 
 
 def forbidden(error: BaseException) -> str | None:
-    """The API server's message when ``error`` is a 403 (RBAC refused the call), else None."""
+    """The API server's message when ``error`` is a 403 (RBAC refused the call), else None.
+    A namespace being deleted also answers 403 to a create; that is no missing rule."""
     if not is_status(error, 403):
         return None
     body = getattr(error, "body", None) or ""
     try:
-        return str(json.loads(body).get("message") or error)
-    except (ValueError, AttributeError):
+        status = json.loads(body)
+    except ValueError:
         return str(body or error)
+    if not isinstance(status, dict):
+        return str(body or error)
+    causes = (status.get("details") or {}).get("causes") or []
+    if any(c.get("type") == NAMESPACE_TERMINATING for c in causes if isinstance(c, dict)):
+        return None
+    return str(status.get("message") or error)
 
 
 def operator_namespace() -> str:
