@@ -4,6 +4,8 @@ pods are pinned (handlers.recovery, handlers.scheduler.pin)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from matrixpool import checkpoints, clock
@@ -256,7 +258,7 @@ def test_lease_age_is_measured_from_when_its_renew_time_last_changed_on_the_oper
 
 def test_a_lease_index_entry_reads_renew_time_and_duration() -> None:
     spec = {"renewTime": "2026-11-30T05:00:00.000000Z", "leaseDurationSeconds": 40}
-    [(name, (renewed, duration))] = recovery.node_leases(name="n3", spec=spec).items()
+    [(name, (renewed, duration))] = asyncio.run(recovery.node_leases(name="n3", spec=spec)).items()
     assert (name, duration) == ("n3", 40.0)
     assert renewed == 1796014800.0
-    assert recovery.node_leases(name="n4", spec={}) == {}
+    assert asyncio.run(recovery.node_leases(name="n4", spec={})) == {}

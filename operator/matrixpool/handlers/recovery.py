@@ -213,7 +213,9 @@ LEASE_NAMESPACE = "kube-node-lease"
     "leases",
     when=lambda namespace, **_: namespace == LEASE_NAMESPACE,
 )
-def node_leases(name: str, spec: Mapping[str, Any], **_: Any) -> dict[str, tuple[float, float]]:
+async def node_leases(
+    name: str, spec: Mapping[str, Any], **_: Any
+) -> dict[str, tuple[float, float]]:
     """Node → (renewTime as epoch seconds, leaseDurationSeconds) of its kubelet's Lease."""
     renewed = spec.get("renewTime")
     if not renewed:

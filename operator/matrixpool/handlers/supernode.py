@@ -32,7 +32,7 @@ log = structlog.get_logger(__name__)
 
 
 @kopf.index("", "v1", "nodes")
-def node_facts(
+async def node_facts(
     name: str,
     labels: Mapping[str, str],
     annotations: Mapping[str, str],
@@ -50,7 +50,7 @@ def node_facts(
     labels={names.CKPT_DAEMON: "true"},
     when=lambda namespace, **_: namespace == k8s_client.operator_namespace(),
 )
-def daemon_leases(
+async def daemon_leases(
     annotations: Mapping[str, str], spec: Mapping[str, Any], **_: Any
 ) -> dict[str, daemonleases.Announced] | None:
     """Node → its checkpoint daemon, as the daemon's Lease announces it
@@ -60,7 +60,7 @@ def daemon_leases(
 
 
 @kopf.index("", "v1", "pods")
-def foreign_pods(
+async def foreign_pods(
     spec: Mapping[str, Any], status: Mapping[str, Any], labels: Mapping[str, str], **_: Any
 ) -> dict[str, dict[str, int]] | None:
     """Node → what each live pod that matrixpool did not place requests there."""
@@ -69,7 +69,7 @@ def foreign_pods(
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
-def supernode_models(name: str, body: kopf.Body, **_: Any) -> dict[str, supernode.SuperNode]:
+async def supernode_models(name: str, body: kopf.Body, **_: Any) -> dict[str, supernode.SuperNode]:
     try:
         return {name: supernode.parse(common.plain(body))}
     except pydantic.ValidationError:

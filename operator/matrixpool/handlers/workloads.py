@@ -3,6 +3,11 @@
 The scheduler cycle (:mod:`matrixpool.handlers.scheduler`) reads them; nothing here writes to
 the API. kopf fills every index from a full listing before any daemon starts, so a restarted
 operator sees the same world the killed one saw.
+
+The index functions here and in :mod:`~matrixpool.handlers.supernode` and
+:mod:`~matrixpool.handlers.recovery` are coroutines though they never await: kopf runs a plain
+function in a worker thread for every event of its resource, a hop that costs more than the
+function itself, and every pod event runs two of them.
 """
 
 from __future__ import annotations
@@ -71,17 +76,17 @@ def _workload(kind: str, body: kopf.Body, parse: Any) -> dict[str, Workload]:
 
 
 @kopf.index(api.GROUP, api.VERSION, trainingjob.PLURAL)
-def training_jobs(body: kopf.Body, **_: Any) -> dict[str, Workload]:
+async def training_jobs(body: kopf.Body, **_: Any) -> dict[str, Workload]:
     return _workload(trainingjob.KIND, body, trainingjob.parse)
 
 
 @kopf.index(api.GROUP, api.VERSION, inferenceservice.PLURAL)
-def inference_services(body: kopf.Body, **_: Any) -> dict[str, Workload]:
+async def inference_services(body: kopf.Body, **_: Any) -> dict[str, Workload]:
     return _workload(inferenceservice.KIND, body, inferenceservice.parse)
 
 
 @kopf.index("", "v1", "pods", labels={"matrixpool.dev/job": kopf.PRESENT})
-def gang_pods(
+async def gang_pods(
     name: str,
     namespace: str | None,
     labels: Mapping[str, str],
