@@ -127,6 +127,27 @@ def test_a_gang_that_cannot_fit_waits_whole_with_a_reason_and_an_event() -> None
     assert scheduled["reason"] in executor.reasons("big"), executor.events
 
 
+def test_a_cycle_binds_at_most_its_pods_and_leaves_the_other_gangs_to_the_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PODS_PER_CYCLE: the gangs past it are neither placed nor given waiting pods nor a
+    reason; the memory says more is left, and the next cycle places them, in order."""
+    monkeypatch.setattr(scheduler, "PODS_PER_CYCLE", 3)
+    jobs = [job("a", 2), job("b", 2), job("c", 2), job("d", 1)]
+    memory, executor = scheduler.Memory(), Recorder()
+    cycle(fixed_world({}, jobs, nodes=8), executor, memory)
+    assert sorted(executor.bound_to) == ["ns/a-0", "ns/a-1", "ns/b-0", "ns/b-1"], "b still goes"
+    assert sorted(m["metadata"]["name"] for m in executor.created) == ["a-0", "a-1", "b-0", "b-1"]
+    assert memory.deferred
+    assert not executor.reasons("c")
+    assert not executor.reasons("d")
+    later = Recorder()
+    bound = index(*running("a", 2), *running("b", 2, first_node=2))
+    cycle(fixed_world(bound, jobs, nodes=8), later, memory)
+    assert sorted(later.bound_to) == ["ns/c-0", "ns/c-1", "ns/d-0"]
+    assert not memory.deferred
+
+
 class Refusing(Recorder):
     """An API server whose RBAC refuses every Binding (the rule was taken out)."""
 

@@ -1,5 +1,6 @@
 """The operator's main loop: one kopf daemon that runs the scheduling cycle and the SuperNode
-status report, about every :data:`CYCLE_SECONDS`.
+status report, every :data:`CYCLE_SECONDS` and at once when a workload is created, changed or
+deleted or a gang's pod goes (:mod:`matrixpool.handlers.wake`).
 
 The daemon hangs off an *anchor* ConfigMap (``matrixpool-scheduler``, label
 ``matrixpool.dev/component=scheduler``) that the operator creates in its own namespace at
@@ -30,6 +31,7 @@ from matrixpool.handlers import (
     scheduler,
     supernode,
     timeshare,
+    wake,
     workloads,
     world,
 )
@@ -87,9 +89,11 @@ async def main_loop(
     inference_services: kopf.Index[str, workloads.Workload],
     node_leases: kopf.Index[str, tuple[float, float]],
     daemon_leases: kopf.Index[str, daemonleases.Announced],
+    memo: kopf.Memo | None = None,
     **_: Any,
 ) -> None:
     log.info("main loop started", namespace=namespace())
+    alarm = wake.of(memo) or wake.Wake()  # rung by workload and pod events (handlers.wake)
     state = Controllers()
     lagged = Lagged(float(os.environ.get(LAG_VARIABLE) or 0))
 
@@ -119,7 +123,9 @@ async def main_loop(
         except Exception:  # one bad cycle must not stop scheduling; the next one retries
             log.exception("cycle failed; retrying")
             await stopped.wait(ERROR_BACKOFF_SECONDS)
-        await stopped.wait(CYCLE_SECONDS)
+        if state.cycle.deferred:  # gangs left for the next cycle (scheduler.PODS_PER_CYCLE)
+            alarm.ring()
+        await alarm.sleep(CYCLE_SECONDS)  # or less: a new job need not wait for the tick
 
 
 async def one_pass(state: Controllers, read: Callable[[], world.World]) -> None:
