@@ -179,3 +179,25 @@ def test_training_without_checkpoints_and_inference_give_up_their_cards_at_once(
     running = fixed_world(index(pod("saver-0", "s0", node="n0", phase="Running")), [])
     saver = job("saver", 1, checkpoint=True)
     assert scheduler.Cycle(running, scheduler.Memory()).checkpoint_grace(saver) == 60.0
+
+
+def test_topologies_are_kept_while_nodes_and_supernodes_stay_equal_and_rebuilt_on_change() -> None:
+    """world.Derived: the loop's passes share one; equal inputs give the same slots without a
+    rebuild, a node going down or a spec change gives a new answer, never a stale one."""
+    derived = world.Derived()
+    first = dataclasses.replace(fixed_world({}, []), derived=derived)
+    topology = world.topologies(first)
+    assert [s.name for s in topology[0].nodes] == ["n0", "n1", "n2", "n3"]
+    again = dataclasses.replace(fixed_world({}, []), derived=derived)  # equal, new objects
+    assert world.topologies(again)[0] is topology[0], "kept"
+    down = dataclasses.replace(fixed_world({}, [], down=frozenset({"n2"})), derived=derived)
+    slots = {s.name: s for s in world.topologies(down)[0].nodes}
+    assert slots["n2"].usable == frozenset()
+    assert len(slots["n0"].usable) == 8
+    spared = dataclasses.replace(fixed_world({}, [], spares=1), derived=derived)
+    assert world.topologies(spared)[0].spares == 1
+    stale = dataclasses.replace(spared, stale=frozenset({"n1"}))
+    assert {s.name: s for s in world.topologies(stale)[0].nodes}["n1"].usable == frozenset()
+    assert world.members(stale)["sn-a"] == stale.nodes
+    fewer = dataclasses.replace(fixed_world({}, [], nodes=2), derived=derived)
+    assert [n.name for n in world.members(fewer)["sn-a"]] == ["n0", "n1"]

@@ -115,6 +115,7 @@ async def main_loop(
             stale=state.leases.observe(_first(node_leases), clock.SYSTEM.monotonic()),
             decisions=state.decisions,
             shares=state.shares,
+            derived=state.derived,
         )
 
     while not stopped:
@@ -164,6 +165,7 @@ class Controllers:
     reported: dict[str, dict[str, Any]] = field(default_factory=dict)  # SuperNode → status
     identities: dict[str, str] = field(default_factory=dict)  # workload key → its UID
     act: executor.Executor = field(default_factory=executor.Live)  # the controllers' actions
+    derived: world.Derived = field(default_factory=world.Derived)  # members, topologies
 
     def forget_replaced(self, current: Sequence[workloads.Workload]) -> None:
         """Drop what the controllers remember of workloads that went, or whose name now

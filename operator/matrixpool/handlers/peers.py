@@ -23,12 +23,11 @@ from dataclasses import dataclass, field
 import structlog
 
 from matrixpool import clock, metrics
-from matrixpool.api import common, labels, trainingjob
+from matrixpool.api import labels, trainingjob
 from matrixpool.handlers import background
 from matrixpool.handlers import world as read_model
 from matrixpool.handlers.workloads import Workload
 from matrixpool.k8s import executor
-from matrixpool.placement import inventory
 from matrixpool_recovery import peers as peer_policy
 from matrixpool_recovery import policy
 
@@ -53,13 +52,9 @@ def plan(world: read_model.World, started: Mapping[str, float]) -> dict[str, Tol
     daemon of every SuperNode (pure)."""
     wanted: dict[str, Told] = {}
     silent = world.unreachable | world.stale
-    for name, sn in sorted(world.supernodes.items()):
-        selector = inventory.Selector.from_spec(common.to_wire(sn.spec.node_selector))
-        members = [
-            n
-            for n in inventory.members(selector, world.nodes)
-            if n.endpoint and n.ready and n.name not in silent
-        ]
+    by_supernode = read_model.members(world)
+    for name in sorted(world.supernodes):
+        members = [n for n in by_supernode[name] if n.endpoint and n.ready and n.name not in silent]
         if not members:
             continue
         replicas = max([1, *(_peer_replicas(w, name) for w in world.workloads)])

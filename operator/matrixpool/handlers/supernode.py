@@ -107,6 +107,7 @@ class Facts:
     held: dict[str, dict[str, int]]  # node name → cards (by resource) held by live pods
     selectors: dict[str, inventory.Selector]  # supernode name → selector
     kinds: dict[str, dict[str, int]] = field(default_factory=dict)  # node → kind → cards held
+    members: dict[str, list[inventory.NodeInfo]] = field(default_factory=dict)  # by supernode
 
     @classmethod
     def collect(cls, world: read_model.World) -> Facts:
@@ -125,13 +126,19 @@ class Facts:
             name: inventory.Selector.from_spec(common.to_wire(sn.spec.node_selector))
             for name, sn in world.supernodes.items()
         }
+        chosen = read_model.members(world)
         for name, sn in world.supernodes.items():
             resource = sn.spec.card_resource
-            for member in inventory.members(selectors[name], world.nodes):
+            for member in chosen[name]:
                 if member.name in ours:
                     by_resource = held.setdefault(member.name, {})
                     by_resource[resource] = by_resource.get(resource, 0) + ours[member.name]
-        return cls(nodes=world.nodes, held=held, selectors=selectors, kinds=kinds)
+        return cls(nodes=world.nodes, held=held, selectors=selectors, kinds=kinds, members=chosen)
+
+    def members_of(self, name: str) -> list[inventory.NodeInfo]:
+        if name in self.members:
+            return self.members[name]
+        return inventory.members(self.selectors[name], self.nodes)
 
     @staticmethod
     def sum_held(pods: kopf.Index[str, dict[str, int]]) -> dict[str, dict[str, int]]:
@@ -148,8 +155,11 @@ def desired_status(
 ) -> dict[str, Any]:
     """The status ``name`` should have, given the facts (pure)."""
     spec = sn.spec
-    selector = inventory.Selector.from_spec(common.to_wire(spec.node_selector))
-    members = inventory.members(selector, facts.nodes)
+    if name in facts.selectors:
+        members = facts.members_of(name)
+    else:
+        selector = inventory.Selector.from_spec(common.to_wire(spec.node_selector))
+        members = inventory.members(selector, facts.nodes)
     allocated = {n.name: facts.held.get(n.name, {}).get(spec.card_resource, 0) for n in members}
     summary = inventory.summarize(members, spec.card_resource, allocated, spec.spares.nodes)
     ready, reason, message = _readiness(name, members, summary, facts)
@@ -219,12 +229,10 @@ def _readiness(
 ) -> tuple[bool, str, str]:
     """Ready, with the reason: SelectorOverlap, NoMemberNodes, NoReadyNodes or NodesReady."""
     mine = {n.name for n in members}
-    for other, selector in sorted(facts.selectors.items()):
+    for other in sorted(facts.selectors):
         if other == name:
             continue
-        shared = sorted(
-            n.name for n in facts.nodes if n.name in mine and selector.matches(n.labels)
-        )
+        shared = sorted(n.name for n in facts.members_of(other) if n.name in mine)
         if shared:
             return (
                 False,
