@@ -866,6 +866,7 @@ class Cycle:
         self, wanted: Mapping[str, list[gangs.Gang]], bindings: Sequence[Binding]
     ) -> None:
         just_bound = {a.pod: a for b in bindings for a in b.placement.assignments}
+        changed: list[tuple[Workload, str, dict[str, Any]]] = []
         for workload in self.world.workloads:
             if workload.model is None:
                 continue
@@ -892,7 +893,25 @@ class Cycle:
                 plural = inferenceservice.PLURAL
             self.memory.conditions[workload.uid] = status["conditions"]
             if self.memory.statuses.get(workload.uid) != status:
+                changed.append((workload, plural, status))
+        await self.write_statuses(changed)
+
+    async def write_statuses(self, changed: Sequence[tuple[Workload, str, dict[str, Any]]]) -> None:
+        """Patch these statuses concurrently (after a burst, hundreds of jobs have a new one;
+        one at a time they kept the loop for seconds). One that fails is written next cycle."""
+        semaphore = asyncio.Semaphore(pods.CONCURRENCY)
+
+        async def write(workload: Workload, plural: str, status: dict[str, Any]) -> None:
+            async with semaphore:
                 await self.act.patch_status(plural, workload.namespace, workload.name, status)
+
+        results = await asyncio.gather(*(write(*c) for c in changed), return_exceptions=True)
+        for (workload, _, status), result in zip(changed, results, strict=True):
+            if isinstance(result, BaseException):
+                if not isinstance(result, Exception):
+                    raise result  # cancelled: the loop is stopping
+                log.warning("could not write a status", workload=workload.key, error=str(result))
+            else:
                 self.memory.statuses[workload.uid] = status
 
     async def inference_status(

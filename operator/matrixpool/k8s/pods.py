@@ -242,15 +242,19 @@ def _threads() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=CONCURRENCY, thread_name_prefix="api-call")
 
 
+async def in_thread(call: Callable[[], T]) -> T:
+    """Run one blocking API ``call`` on the API-call threads."""
+    context = contextvars.copy_context()  # as asyncio.to_thread does
+    return await asyncio.get_running_loop().run_in_executor(_threads(), context.run, call)
+
+
 async def gather_limited(calls: Iterable[Callable[[], T]]) -> list[T]:
     """Run blocking API ``calls`` in threads, at most CONCURRENCY at once, in order."""
     semaphore = asyncio.Semaphore(CONCURRENCY)
-    loop = asyncio.get_running_loop()
 
     async def one(call: Callable[[], T]) -> T:
         async with semaphore:
-            context = contextvars.copy_context()  # as asyncio.to_thread does
-            return await loop.run_in_executor(_threads(), context.run, call)
+            return await in_thread(call)
 
     tasks: list[Awaitable[T]] = [one(c) for c in calls]
     return list(await asyncio.gather(*tasks))

@@ -6,13 +6,13 @@ client call runs in a thread.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from typing import Any
 
 import tenacity
 
 from matrixpool.k8s import client as k8s_client
+from matrixpool.k8s import pods
 
 GROUP = "matrixpool.dev"
 VERSION = "v1alpha1"
@@ -41,7 +41,7 @@ async def patch_cluster_status(plural: str, name: str, status: Mapping[str, Any]
             GROUP, VERSION, plural, name, {"status": dict(status)}
         )
 
-    await asyncio.to_thread(call)
+    await pods.in_thread(call)
 
 
 async def patch_status(plural: str, namespace: str, name: str, status: Mapping[str, Any]) -> None:
@@ -57,4 +57,4 @@ async def patch_status(plural: str, namespace: str, name: str, status: Mapping[s
             if not k8s_client.is_status(error, 404):  # deleted meanwhile: nothing to report
                 raise
 
-    await asyncio.to_thread(call)
+    await pods.in_thread(call)
