@@ -54,7 +54,7 @@ from matrixpool.handlers.workloads import Workload
 from matrixpool.handlers.world import Assumed, World
 from matrixpool.k8s import client as k8s_client
 from matrixpool.k8s import convert, executor, pods
-from matrixpool.placement import engine, gangs, model
+from matrixpool.placement import engine, gangs, model, servable
 from matrixpool.timeshare import transition
 
 log = structlog.get_logger(__name__)
@@ -388,6 +388,7 @@ class Cycle:
             key=lambda p: (-p.gang.request.priority, p.workload.created, p.gang.request.gang)
         )
         self.memory.deferred = False
+        summaries = servable.summaries(self.topologies)
         budget = PODS_PER_CYCLE
         deferred: list[Pending] = []
         for item in pending:
@@ -396,7 +397,7 @@ class Cycle:
                 deferred.append(item)
                 continue
             verdict: model.Placement | model.Unplaceable | None
-            verdict = engine.check_servable(self.topologies, request)
+            verdict = engine.check_servable(self.topologies, request, summaries)
             if verdict is None:
                 verdict = engine.place(snapshot, request)
             key = item.gang.request.gang

@@ -67,14 +67,19 @@ NO_VICTIMS = "NoVictims"  # even preempting every lower priority would not make 
 
 
 def check_servable(
-    topologies: Sequence[SuperNodeTopology], gang: GangRequest
+    topologies: Sequence[SuperNodeTopology],
+    gang: GangRequest,
+    summaries: Mapping[str, servable.Summary] | None = None,
 ) -> Unplaceable | None:
     """A permanent :class:`Unplaceable` when ``gang`` can never be served, else None.
+    ``summaries``: :func:`servable.summaries` of ``topologies``, when the caller checks many
+    gangs against the same topologies (computing them walks every node).
 
     Codes: UnknownSuperNode, InvalidCards, NodeTooSmall, CardGroupMismatch, and for a
     ``Required`` gang naming its supernode TooManyCards and GroupTooLarge.
     """
-    summaries = servable.summaries(topologies)
+    if summaries is None:
+        summaries = servable.summaries(topologies)
     if gang.supernode is not None:
         return servable.check(summaries.get(gang.supernode), gang)
     return servable.check(servable.merged(summaries.values()), gang)
