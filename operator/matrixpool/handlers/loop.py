@@ -124,6 +124,9 @@ async def main_loop(
         except Exception:  # one bad cycle must not stop scheduling; the next one retries
             log.exception("cycle failed; retrying")
             await stopped.wait(ERROR_BACKOFF_SECONDS)
+        if state.cycle.preempted:  # the indexes lag its deletions and patches: a whole tick,
+            await stopped.wait(CYCLE_SECONDS)  # whatever wakes meanwhile (as before the wake)
+            continue
         if state.cycle.deferred:  # gangs left for the next cycle (scheduler.PODS_PER_CYCLE)
             alarm.ring()
         await alarm.sleep(CYCLE_SECONDS)  # or less: a new job need not wait for the tick

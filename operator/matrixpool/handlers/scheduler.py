@@ -92,6 +92,7 @@ class Memory:
     # held for it against lower priorities (engine.Snapshot.hold_free)
     nominated: dict[str, float] = field(default_factory=dict)
     deferred: bool = False  # the last cycle left placeable gangs to the next (PODS_PER_CYCLE)
+    preempted: bool = False  # the last cycle preempted: the indexes lag its deletions
 
     def forget(self, uid: str, key: str) -> None:
         """Drop what is remembered of the workload ``uid`` (named ``key``): it went, or its
@@ -156,6 +157,7 @@ class Cycle:
         tried = {b.placement.gang for b in bindings} | self.deferred
         bindings = await self.bind(bindings)  # phase 6
         await self.create_unplaced(tried)  # phase 6b: new gangs that wait get pods to show it
+        self.memory.preempted = self.preempted
         if not self.preempted:  # after a preemption the indexes lag: report next cycle
             await self.report(wanted, bindings)  # phase 7
 
