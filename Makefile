@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv binaries crds crds-check lint typecheck imports helm-lint unit integration chaos e2e image real-nodes torch peers test demo clean
+.PHONY: venv binaries crds crds-check lint typecheck imports helm-lint unit integration chaos e2e image real-nodes torch peers scale test demo clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -74,6 +74,11 @@ torch: venv
 peers: venv binaries
 	$(BIN)/pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python benchmarks/peers.py --json --png docs/img/peers.png
+
+# The whole operator (matrixpool run) at 4 and 32 supernodes of kwok nodes (benchmarks/scale.py):
+# cycle p50/p99, operator RSS, API requests/s, node-fault detection and recovery. Not in `test`.
+scale: venv binaries
+	$(BIN)/python benchmarks/scale.py --json
 
 test: lint typecheck imports crds-check helm-lint unit integration checkpoint chaos e2e torch real-nodes
 
