@@ -27,7 +27,7 @@ How each figure is read:
   (0.005 ... 5 s): a figure is only as fine as its bucket. ``share_within_1s`` is exact (1 s
   is a bucket bound) and decides the p99 < 1 s goal. ``passes_per_second`` counts cycles per
   wall second: the main loop's whole pass (recovery, time-sharing, cycle, status report, peers)
-  plus its 0.25 s pause, the delay a change waits for.
+  plus its pause (0.25 s, or less when a workload event or a gang pod's deletion wakes it).
 * Operator RSS: ``VmRSS`` (and the peak, ``VmHWM``) of the operator process, the direct child.
 * API requests per second: deltas of the kube-apiserver's own ``apiserver_request_total`` over
   each phase. ``api_rps_total`` counts every client (kwok's node and pod status, leases, the
