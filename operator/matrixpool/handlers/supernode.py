@@ -136,9 +136,8 @@ class Facts:
         return cls(nodes=world.nodes, held=held, selectors=selectors, kinds=kinds, members=chosen)
 
     def members_of(self, name: str) -> list[inventory.NodeInfo]:
-        if name in self.members:
-            return self.members[name]
-        return inventory.members(self.selectors[name], self.nodes)
+        """The nodes SuperNode ``name`` selects (read_model.members, collected once a pass)."""
+        return self.members[name]
 
     @staticmethod
     def sum_held(pods: kopf.Index[str, dict[str, int]]) -> dict[str, dict[str, int]]:
@@ -155,11 +154,7 @@ def desired_status(
 ) -> dict[str, Any]:
     """The status ``name`` should have, given the facts (pure)."""
     spec = sn.spec
-    if name in facts.selectors:
-        members = facts.members_of(name)
-    else:
-        selector = inventory.Selector.from_spec(common.to_wire(spec.node_selector))
-        members = inventory.members(selector, facts.nodes)
+    members = facts.members_of(name)
     allocated = {n.name: facts.held.get(n.name, {}).get(spec.card_resource, 0) for n in members}
     summary = inventory.summarize(members, spec.card_resource, allocated, spec.spares.nodes)
     ready, reason, message = _readiness(name, members, summary, facts)
