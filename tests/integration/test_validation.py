@@ -79,6 +79,23 @@ def windows(*spans: tuple[str, str]) -> Change:
     )
 
 
+# Between one decode instance per five prefill instances and one per two.
+DECODE_PER_PREFILL = {"role": "decode", "per": "prefill", "minPercent": 20, "maxPercent": 50}
+
+
+def autoscaled(**fields: Any) -> Change:
+    """Autoscaling to TTFT 2 s and TPOT 50 ms, with ``fields`` added; spec.ratio removed when a
+    ratioRange is given (one of them)."""
+
+    def change(manifest: Manifest) -> None:
+        targets = {"ttftMilliseconds": 2000, "tpotMilliseconds": 50}
+        manifest["spec"]["autoscaling"] = {"targets": targets, **copy.deepcopy(fields)}
+        if "ratioRange" in fields:
+            manifest["spec"].pop("ratio", None)
+
+    return change
+
+
 def role(name: str, **fields: Any) -> dict[str, Any]:
     return {"name": name, "replicas": 1, "cardsPerPod": 8, **fields}
 
@@ -239,6 +256,56 @@ INVALID: list[tuple[str, str, Change, tuple[str, ...]]] = [
      ("spec.roles[2].cardsPerPod: Required value",)),
     ("a negative inference priority is rejected", "InferenceService",
      setting("spec.priority", -5), ("spec.priority",)),
+    ("an unknown autoscaling mode is rejected", "InferenceService",
+     autoscaled(mode="Sometimes"), ("spec.autoscaling.mode",)),
+    ("autoscaling without targets is rejected", "InferenceService",
+     lambda m: m["spec"].update(autoscaling={"mode": "Advisory"}),
+     ("spec.autoscaling.targets: Required value",)),
+    ("a TTFT target of zero is rejected", "InferenceService",
+     lambda m: m["spec"].update(
+         autoscaling={"targets": {"ttftMilliseconds": 0, "tpotMilliseconds": 50}}),
+     ("spec.autoscaling.targets.ttftMilliseconds",)),
+    ("an attainment above 100 percent is rejected", "InferenceService",
+     lambda m: m["spec"].update(autoscaling={"targets": {
+         "ttftMilliseconds": 2000, "tpotMilliseconds": 50, "attainmentPercent": 101}}),
+     ("spec.autoscaling.targets.attainmentPercent",)),
+    ("an autoscaling range for an unknown role is rejected", "InferenceService",
+     autoscaled(roles=[{"name": "encode", "maxReplicas": 2}]),
+     ("spec.autoscaling.roles[].name must name a role of spec.roles",)),
+    ("an autoscaling minReplicas above its maxReplicas is rejected", "InferenceService",
+     autoscaled(roles=[{"name": "prefill", "minReplicas": 3, "maxReplicas": 2}]),
+     ("spec.autoscaling.roles[].minReplicas must be <= spec.autoscaling.roles[].maxReplicas",)),
+    ("an autoscaling maxReplicas of zero is rejected", "InferenceService",
+     autoscaled(roles=[{"name": "prefill", "maxReplicas": 0}]),
+     ("spec.autoscaling.roles[0].maxReplicas",)),
+    ("a ratio range beside a fixed ratio is rejected", "InferenceService",
+     lambda m: m["spec"].update(autoscaling={
+         "targets": {"ttftMilliseconds": 2000, "tpotMilliseconds": 50},
+         "ratioRange": DECODE_PER_PREFILL}),
+     ("spec.autoscaling.ratioRange replaces spec.ratio",)),
+    ("a ratio range with min above max is rejected", "InferenceService",
+     autoscaled(ratioRange={"role": "decode", "per": "prefill", "minPercent": 60,
+                            "maxPercent": 50}),
+     ("spec.autoscaling.ratioRange.minPercent must be <=",)),
+    ("a ratio range of a role against itself is rejected", "InferenceService",
+     autoscaled(ratioRange={"role": "decode", "per": "decode", "minPercent": 20,
+                            "maxPercent": 50}),
+     ("spec.autoscaling.ratioRange.per must name another role",)),
+    ("a ratio range naming an unknown role is rejected", "InferenceService",
+     autoscaled(ratioRange={"role": "decode", "per": "encode", "minPercent": 20,
+                            "maxPercent": 50}),
+     ("spec.autoscaling.ratioRange.role and .per must name roles of spec.roles",)),
+    ("a stabilization window above an hour is rejected", "InferenceService",
+     autoscaled(scaleDownStabilizationSeconds=3601),
+     ("spec.autoscaling.scaleDownStabilizationSeconds",)),
+    ("a KV cache of 1.5Gi is rejected", "InferenceService",
+     setting("spec.kvCache", {"bytes": "1.5Gi"}), ("spec.kvCache.bytes",)),
+    ("a KV cache in millibytes is rejected", "InferenceService",
+     setting("spec.kvCache", {"bytes": "100m"}), ("spec.kvCache.bytes",)),
+    ("a memory pool of a negative size is rejected", "SuperNode",
+     setting("spec.memoryPool", {"perNode": "-1Gi"}), ("spec.memoryPool.perNode",)),
+    ("a memory pool without perNode is rejected", "SuperNode",
+     setting("spec.memoryPool", {}), ("spec.memoryPool.perNode: Required value",)),
 ]
 # fmt: on
 
@@ -295,6 +362,14 @@ VALID_VARIANTS: list[tuple[str, str, Change]] = [
      lambda m: m.update(spec={"replicas": 1, "cardsPerReplica": 1})),
     ("minReplicas equal to replicas is accepted", "TrainingJob", setting("spec.minReplicas", 32)),
     ("a service without ratio is accepted", "InferenceService", removing("spec.ratio")),
+    ("advisory autoscaling with a ratio range is accepted", "InferenceService",
+     autoscaled(mode="Advisory", ratioRange=DECODE_PER_PREFILL,
+                roles=[{"name": "prefill", "minReplicas": 1, "maxReplicas": 4}])),
+    ("autoscaling beside a fixed ratio is accepted", "InferenceService", autoscaled()),
+    ("a KV cache of 512Gi is accepted", "InferenceService",
+     setting("spec.kvCache", {"bytes": "512Gi"})),
+    ("a memory pool of 256Gi per node is accepted", "SuperNode",
+     setting("spec.memoryPool", {"perNode": "256Gi"})),
 ]
 # fmt: on
 

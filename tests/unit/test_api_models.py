@@ -213,6 +213,14 @@ BOUNDS: list[tuple[str, Any]] = [
     ("zero experts are rejected", lambda: minimal_service(expertParallel={"experts": 0})),
     ("a condition status outside True/False/Unknown is rejected", lambda: common.Condition(
         type="Ready", status="Yes", reason="R", last_transition_time=T0)),
+    ("a TPOT target of zero is rejected", lambda: inferenceservice.SloTargets(
+        ttft_milliseconds=2000, tpot_milliseconds=0)),
+    ("an unknown autoscaling mode is rejected", lambda: inferenceservice.Autoscaling.model_validate(
+        {"mode": "Maybe", "targets": {"ttftMilliseconds": 1, "tpotMilliseconds": 1}})),
+    ("a fractional KV cache size is rejected",
+     lambda: inferenceservice.KvCache(bytes="0.5Gi")),
+    ("a memory pool in millibytes is rejected",
+     lambda: supernode.MemoryPool(per_node="100m")),
 ]
 # fmt: on
 
@@ -326,3 +334,106 @@ def test_the_api_package_imports_neither_kopf_nor_kubernetes() -> None:
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- byte quantities and autoscaling defaults --------------------------------------------------
+@pytest.mark.parametrize(
+    ("quantity", "size"),
+    [
+        pytest.param("1048576", 1 << 20, id="plain bytes"),
+        pytest.param("64Gi", 64 << 30, id="a binary suffix"),
+        pytest.param("500M", 500_000_000, id="a decimal suffix"),
+        pytest.param("1k", 1000, id="a lowercase k"),
+    ],
+)
+def test_byte_quantities_parse_as_kubernetes_reads_them(quantity: str, size: int) -> None:
+    assert common.parse_bytes(quantity) == size
+    assert inferenceservice.KvCache(bytes=quantity).size == size
+
+
+@pytest.mark.parametrize("quantity", ["1.5Gi", "Gi", "100m", "-1", "1Mi1", "1 Gi"])
+def test_anything_else_is_not_a_byte_quantity(quantity: str) -> None:
+    with pytest.raises(ValueError, match="not a byte quantity"):
+        common.parse_bytes(quantity)
+
+
+def test_autoscaling_defaults_to_auto_with_hpa_like_windows() -> None:
+    spec = inferenceservice.parse_spec(
+        {
+            "roles": [{"name": "prefill", "replicas": 4, "cardsPerPod": 8}],
+            "autoscaling": {"targets": {"ttftMilliseconds": 2000, "tpotMilliseconds": 50}},
+            "kvCache": {"bytes": "512Gi"},
+        }
+    )
+    assert spec.autoscaling is not None
+    assert spec.autoscaling.mode == inferenceservice.AutoscalingMode.AUTO
+    assert spec.autoscaling.targets.attainment_percent == 95
+    assert spec.autoscaling.scale_down_stabilization_seconds == 300
+    assert spec.autoscaling.tolerance_percent == 10
+    assert spec.autoscaling.metrics_port == 8000
+    assert spec.kv_cache is not None
+    assert spec.kv_cache.size == 512 << 30
+
+
+def autoscaled_service(mode: str = "Auto", **autoscaling: Any) -> Any:
+    """prefill 1..8 (floor 2) and decode 1..2, autoscaled to TTFT 2 s / TPOT 50 ms."""
+    return inferenceservice.parse_spec(
+        {
+            "roles": [
+                {"name": "prefill", "replicas": 8, "minReplicas": 2, "cardsPerPod": 8},
+                {"name": "decode", "replicas": 2, "minReplicas": 1, "cardsPerPod": 8},
+            ],
+            "autoscaling": {
+                "mode": mode,
+                "targets": {"ttftMilliseconds": 2000, "tpotMilliseconds": 50},
+                **autoscaling,
+            },
+        }
+    )
+
+
+def advised(**replicas: int) -> Any:
+    roles = [{"name": name, "replicas": n} for name, n in replicas.items()]
+    return inferenceservice.parse_status(
+        {"recommendation": {"mode": "Auto", "roles": roles, "time": T0.isoformat()}}
+    )
+
+
+@pytest.mark.parametrize(
+    ("advice", "expected"),
+    [
+        pytest.param({"prefill": 5, "decode": 2}, {"prefill": (5, 2), "decode": (2, 1)},
+                     id="the recommendation within range is served"),
+        pytest.param({"prefill": 20}, {"prefill": (8, 2), "decode": (2, 1)},
+                     id="above the role's replicas it stops at them"),
+        pytest.param({"prefill": 1, "decode": 0}, {"prefill": (2, 2), "decode": (1, 1)},
+                     id="below the role's minReplicas it stops at them"),
+    ],
+)  # fmt: skip
+def test_auto_mode_serves_the_recommendation_inside_the_persons_range(
+    advice: dict[str, int], expected: dict[str, tuple[int, int]]
+) -> None:
+    served = inferenceservice.scaled(autoscaled_service(), advised(**advice))
+    assert {r.name: (r.replicas, r.min_replicas) for r in served.roles} == expected
+
+
+def test_a_narrower_autoscaling_range_lowers_the_floor_and_the_ceiling() -> None:
+    spec = autoscaled_service(roles=[{"name": "prefill", "minReplicas": 0, "maxReplicas": 4}])
+    low = inferenceservice.scaled(spec, advised(prefill=0))
+    high = inferenceservice.scaled(spec, advised(prefill=6))
+    assert (low.roles[0].replicas, low.roles[0].min_replicas) == (0, 0)
+    assert high.roles[0].replicas == 4
+
+
+@pytest.mark.parametrize(
+    ("spec", "status"),
+    [
+        pytest.param(autoscaled_service("Advisory"), advised(prefill=5), id="advisory mode"),
+        pytest.param(autoscaled_service(), inferenceservice.parse_status({}),
+                     id="no recommendation yet"),
+    ],
+)  # fmt: skip
+def test_the_spec_is_served_as_written_without_an_applied_recommendation(
+    spec: Any, status: Any
+) -> None:
+    assert inferenceservice.scaled(spec, status) == spec

@@ -7,6 +7,7 @@ lives in the CRD as CEL (``rule(...)`` attached through ``json_schema_extra``); 
 carry the same bounds as the schema because the schema is derived from them.
 """
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -30,12 +31,30 @@ QUALIFIED_NAME = rf"^{_PREFIX}?{_NAME}$"
 EXTENDED_RESOURCE = rf"^{_PREFIX}{_NAME}$"
 # A condition reason: CamelCase-ish, as metav1.Condition requires.
 REASON = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+# A whole number of bytes as a Kubernetes quantity: 64Gi, 500M, 1048576 (no fractions, no m).
+BYTES = r"^[0-9]{1,15}(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$"
 
 DnsLabel = Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL)]
 DnsSubdomain = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)]
 LabelKey = Annotated[str, Field(min_length=1, max_length=317, pattern=QUALIFIED_NAME)]
 LabelValue = Annotated[str, Field(max_length=63)]
 Count = Annotated[int, Field(ge=0)]  # a count that is never negative
+# Bytes as a quantity string (see BYTES); parse_bytes gives the integer.
+ByteQuantity = Annotated[str, Field(min_length=1, max_length=17, pattern=BYTES)]
+
+_BYTE_SUFFIXES: dict[str, int] = {
+    "": 1,
+    **{s: 1024 ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi"))},
+    **{s: 1000 ** (i + 1) for i, s in enumerate(("k", "M", "G", "T", "P"))},
+}
+
+
+def parse_bytes(quantity: str) -> int:
+    """``"64Gi"`` → 68719476736; the forms :data:`BYTES` allows (ValueError otherwise)."""
+    found = re.fullmatch(r"([0-9]+)([A-Za-z]*)", quantity)
+    if found is None or found[2] not in _BYTE_SUFFIXES:
+        raise ValueError(f"not a byte quantity: {quantity!r}")
+    return int(found[1]) * _BYTE_SUFFIXES[found[2]]
 
 
 class ApiModel(BaseModel):

@@ -8,6 +8,8 @@ Read by the inference handlers (create gangs, publish the expert map, write stat
 """
 
 from collections.abc import Iterable, Mapping
+from datetime import datetime
+from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field
@@ -78,6 +80,109 @@ class Role(common.ApiModel):
 RatioValue = Annotated[int, Field(ge=1, le=1024)]
 
 
+class AutoscalingMode(StrEnum):
+    """What the autoscaler does with its recommendation."""
+
+    AUTO = "Auto"  # apply it: the roles run the recommended replicas
+    ADVISORY = "Advisory"  # only write status.recommendation, with its reasons
+
+
+class SloTargets(common.ApiModel):
+    """The service-level objectives the autoscaler sizes the roles for."""
+
+    ttft_milliseconds: int = Field(ge=1, le=600_000)
+    """Time to first token each request should meet."""
+    tpot_milliseconds: int = Field(ge=1, le=10_000)
+    """Time per output token (after the first) each request should meet."""
+    attainment_percent: int = Field(default=95, ge=50, le=100)
+    """Share of requests that should meet both targets."""
+
+
+class RoleScaling(common.ApiModel):
+    """The autoscaler's range for one role, inside the role's minReplicas..replicas."""
+
+    model_config = ConfigDict(
+        json_schema_extra=common.validations(
+            common.rule(
+                "!has(self.minReplicas) || !has(self.maxReplicas)"
+                " || self.minReplicas <= self.maxReplicas",
+                "spec.autoscaling.roles[].minReplicas must be <= "
+                "spec.autoscaling.roles[].maxReplicas",
+                ".minReplicas",
+            ),
+        )
+    )
+
+    name: common.DnsLabel
+    """The role, by its name in spec.roles."""
+    min_replicas: int | None = Field(default=None, ge=0, le=4096)
+    """Fewest instances the autoscaler keeps; default the role's minReplicas."""
+    max_replicas: int | None = Field(default=None, ge=1, le=4096)
+    """Most instances the autoscaler asks for; never above the role's replicas."""
+
+
+class RatioRange(common.ApiModel):
+    """Instances of ``role`` per instance of ``per``, kept within [min, max] percent."""
+
+    model_config = ConfigDict(
+        json_schema_extra=common.validations(
+            common.rule(
+                "self.minPercent <= self.maxPercent",
+                "spec.autoscaling.ratioRange.minPercent must be <= "
+                "spec.autoscaling.ratioRange.maxPercent",
+                ".minPercent",
+            ),
+            common.rule(
+                "self.role != self.per",
+                "spec.autoscaling.ratioRange.per must name another role than "
+                "spec.autoscaling.ratioRange.role",
+                ".per",
+            ),
+        )
+    )
+
+    role: common.DnsLabel
+    """The counted role, e.g. decode."""
+    per: common.DnsLabel
+    """The role it is counted against, e.g. prefill."""
+    min_percent: int = Field(ge=1, le=100_000)
+    """Fewest instances of role per 100 instances of per, e.g. 20."""
+    max_percent: int = Field(ge=1, le=100_000)
+    """Most instances of role per 100 instances of per, e.g. 50."""
+
+
+class Autoscaling(common.ApiModel):
+    """Load-driven scaling of the roles to SLO targets (prefill and decode apart)."""
+
+    mode: AutoscalingMode = AutoscalingMode.AUTO
+    """Auto applies the recommendation; Advisory only writes status.recommendation."""
+    targets: SloTargets
+    """TTFT and TPOT targets and the share of requests that should meet them."""
+    roles: list[RoleScaling] = Field(
+        default_factory=list, max_length=8, json_schema_extra=common.list_map("name")
+    )
+    """Optional narrower ranges per role; a role not named keeps minReplicas..replicas."""
+    ratio_range: RatioRange | None = None
+    """Optional: keep one role's instances within a range per another's (instead of ratio)."""
+    metrics_port: int = Field(default=8000, ge=1, le=65535)
+    """Port of the pods' Prometheus /metrics that the load is read from."""
+    scale_down_stabilization_seconds: int = Field(default=300, ge=0, le=3600)
+    """A role scales down only to the highest recommendation of this many seconds."""
+    tolerance_percent: int = Field(default=10, ge=0, le=100)
+    """A recommendation this close to the current replicas changes nothing."""
+
+
+class KvCache(common.ApiModel):
+    """Memory reserved for the service's KV cache in its supernode's memory pool."""
+
+    bytes: common.ByteQuantity
+    """Bytes reserved, a quantity such as 512Gi; admitted like cards."""
+
+    @property
+    def size(self) -> int:
+        return common.parse_bytes(self.bytes)
+
+
 class InferenceServiceSpec(common.ApiModel):
     """Roles of the service and how they scale together."""
 
@@ -87,6 +192,25 @@ class InferenceServiceSpec(common.ApiModel):
                 "!has(self.ratio) || self.ratio.all(k, self.roles.exists(r, r.name == k))",
                 "spec.ratio keys must name roles of spec.roles",
                 ".ratio",
+            ),
+            common.rule(
+                "!has(self.autoscaling) || !has(self.autoscaling.roles)"
+                " || self.autoscaling.roles.all(a, self.roles.exists(r, r.name == a.name))",
+                "spec.autoscaling.roles[].name must name a role of spec.roles",
+                ".autoscaling",
+            ),
+            common.rule(
+                "!has(self.autoscaling) || !has(self.autoscaling.ratioRange)"
+                " || (self.roles.exists(r, r.name == self.autoscaling.ratioRange.role)"
+                " && self.roles.exists(r, r.name == self.autoscaling.ratioRange.per))",
+                "spec.autoscaling.ratioRange.role and .per must name roles of spec.roles",
+                ".autoscaling",
+            ),
+            common.rule(
+                "!has(self.autoscaling) || !has(self.autoscaling.ratioRange)"
+                " || !has(self.ratio) || size(self.ratio) == 0",
+                "spec.autoscaling.ratioRange replaces spec.ratio: set one of them",
+                ".autoscaling",
             ),
         )
     )
@@ -99,6 +223,10 @@ class InferenceServiceSpec(common.ApiModel):
     """1..8 roles with unique names."""
     ratio: dict[str, RatioValue] = Field(default_factory=dict, max_length=8)
     """Optional: role name → weight; those roles are scaled together in this proportion."""
+    autoscaling: Autoscaling | None = None
+    """Optional: scale the roles to the load within their ranges; absent: replicas as set."""
+    kv_cache: KvCache | None = None
+    """Optional: KV-cache memory reserved in the supernode's memory pool."""
 
     def role(self, name: str) -> Role | None:
         return next((r for r in self.roles if r.name == name), None)
@@ -113,6 +241,34 @@ class RoleStatus(common.ApiModel):
     """Instances wanted now (scaled by the window)."""
     ready: common.Count = 0
     """Instances whose pods are all ready."""
+
+
+class RoleRecommendation(common.ApiModel):
+    """The autoscaler's replicas for one role."""
+
+    name: common.DnsLabel
+    """Role name."""
+    replicas: common.Count
+    """Instances the load needs, within the role's range and the window's cap."""
+
+
+class Recommendation(common.ApiModel):
+    """What the autoscaler last recommended, and why."""
+
+    mode: AutoscalingMode
+    """Auto: applied; Advisory: written here only."""
+    roles: list[RoleRecommendation] = Field(
+        default_factory=list, max_length=8, json_schema_extra=common.list_map("name")
+    )
+    """Replicas per role."""
+    reasons: list[Annotated[str, Field(max_length=256)]] = Field(
+        default_factory=list, max_length=16
+    )
+    """The factors that drove it, one sentence each."""
+    limited_by: str | None = Field(default=None, max_length=63)
+    """What held it below the load's need (e.g. window cap, free cards), if anything."""
+    time: datetime
+    """When it was computed."""
 
 
 class InferenceServiceStatus(common.ApiModel):
@@ -130,8 +286,39 @@ class InferenceServiceStatus(common.ApiModel):
     """Where the instances are bound."""
     expert_map: str | None = None
     """Name of the ConfigMap mapping experts to cards."""
+    recommendation: Recommendation | None = None
+    """The autoscaler's last recommendation (spec.autoscaling), applied or advisory."""
     conditions: list[common.Condition] = common.conditions_field()
     """Conditions, among them Ready."""
+
+
+def autoscaling_range(spec: InferenceServiceSpec, role: Role) -> tuple[int, int]:
+    """The fewest and most instances the autoscaler may give ``role``: its spec.autoscaling
+    range, inside the role's minReplicas..replicas as a person last set them."""
+    found = [r for r in spec.autoscaling.roles if r.name == role.name] if spec.autoscaling else []
+    narrow = found[0] if found else RoleScaling(name=role.name)
+    high = min(role.replicas, narrow.max_replicas or role.replicas)
+    low = narrow.min_replicas if narrow.min_replicas is not None else role.min_replicas
+    return min(low, high), high
+
+
+def scaled(spec: InferenceServiceSpec, status: InferenceServiceStatus) -> InferenceServiceSpec:
+    """The spec as served: with autoscaling in Auto mode, each role's replicas are those of
+    status.recommendation kept in its :func:`autoscaling_range` (its floor lowered to them if
+    need be); otherwise, and for a role without a recommendation, the spec as written."""
+    advice = status.recommendation
+    if spec.autoscaling is None or spec.autoscaling.mode != AutoscalingMode.AUTO or not advice:
+        return spec
+    wanted = {r.name: r.replicas for r in advice.roles}
+    roles = []
+    for role in spec.roles:
+        if role.name in wanted:
+            low, high = autoscaling_range(spec, role)
+            replicas = max(low, min(high, wanted[role.name]))
+            floor = min(role.min_replicas, replicas)
+            role = role.model_copy(update={"replicas": replicas, "min_replicas": floor})
+        roles.append(role)
+    return spec.model_copy(update={"roles": roles})
 
 
 def summarize_roles(roles: Iterable[RoleStatus]) -> str:

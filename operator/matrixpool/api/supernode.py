@@ -125,6 +125,18 @@ class Spares(common.ApiModel):
     """Whole nodes kept free as spares."""
 
 
+class MemoryPool(common.ApiModel):
+    """The supernode-wide KV-cache pool: host memory lent by each member node, served by the
+    node daemons to any pod of a service on any node of the supernode."""
+
+    per_node: common.ByteQuantity
+    """Host memory each member node lends to the pool, a quantity such as 256Gi."""
+
+    @property
+    def per_node_bytes(self) -> int:
+        return common.parse_bytes(self.per_node)
+
+
 class SuperNodeSpec(common.ApiModel):
     """Which nodes form the supernode, how their cards are counted and how they are shared."""
 
@@ -172,6 +184,8 @@ class SuperNodeSpec(common.ApiModel):
     """Spare capacity held back for recovery."""
     time_sharing: TimeSharing | None = None
     """Day/night sharing between inference and training; absent: no time-sharing."""
+    memory_pool: MemoryPool | None = None
+    """Host memory the member nodes lend to one pool for KV caches; absent: no pool."""
 
 
 class NodeCounts(common.ApiModel):

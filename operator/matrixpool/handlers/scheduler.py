@@ -188,7 +188,7 @@ class Cycle:
         return gangs.inference_gangs(
             workload.namespace,
             workload.name,
-            workload.model.spec,
+            workload.served_spec(),
             replicas=self.shares.inference.get(workload.key),  # None: not time-shared
             card_resource=self.card_resource(workload),
         )

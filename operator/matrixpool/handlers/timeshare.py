@@ -221,7 +221,7 @@ class Sharing:
         services, jobs = [], []
         for w in self.members:
             if isinstance(w.model, inferenceservice.InferenceService):
-                services.append(split.demand_of_service(w.namespace, w.name, w.model.spec))
+                services.append(split.demand_of_service(w.namespace, w.name, w.served_spec()))
             elif isinstance(w.model, trainingjob.TrainingJob):
                 jobs.append(split.demand_of_job(w.namespace, w.name, w.model.spec))
         return services, jobs

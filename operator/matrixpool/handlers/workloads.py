@@ -42,6 +42,20 @@ class Workload:
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
 
+    def served_spec(self) -> inferenceservice.InferenceServiceSpec:
+        """An InferenceService's spec as served now: with autoscaling in Auto mode, the replicas
+        of its status.recommendation (:func:`matrixpool.api.inferenceservice.scaled`)."""
+        assert isinstance(self.model, inferenceservice.InferenceService)
+        spec = self.model.spec
+        if spec.autoscaling is None or not self.status.get("recommendation"):
+            return spec
+        advice = {"recommendation": self.status["recommendation"]}
+        try:
+            status = inferenceservice.parse_status(advice)
+        except pydantic.ValidationError:  # written by someone else: serve the spec as written
+            return spec
+        return inferenceservice.scaled(spec, status)
+
     @property
     def ref(self) -> dict[str, Any]:
         """Enough of the object for kopf.event() and ownerReferences."""
