@@ -57,7 +57,7 @@ def timing_of(events: Sequence[engine.Event], name: str) -> engine.Timing:
     return timing
 
 
-# --- one request -------------------------------------------------------------------------------
+# --- one request ------------------------------------------------------------------------------
 def test_one_request_prefills_then_decodes_one_token_a_step() -> None:
     instance = make()
     assert instance.submit(request("a"), now=0.0) is None
@@ -104,7 +104,7 @@ def test_the_context_makes_later_steps_slower() -> None:
     assert gaps == pytest.approx([0.011005, 0.01101, 0.011015])
 
 
-# --- batching and queueing ---------------------------------------------------------------------
+# --- batching and queueing --------------------------------------------------------------------
 def test_requests_arriving_together_share_one_prefill_and_then_the_decode_batch() -> None:
     instance = make()
     instance.submit(request("a"), now=0.0)
@@ -218,7 +218,7 @@ def test_a_decode_instance_loads_the_kv_instead_of_prefilling() -> None:
     assert asked == []
 
 
-# --- the prefix cache hook ---------------------------------------------------------------------
+# --- the prefix cache hook --------------------------------------------------------------------
 class FakeCache:
     """A dict-backed prefix cache that records what it was asked."""
 
@@ -279,7 +279,7 @@ def test_block_hashes_name_whole_block_prefixes() -> None:
     assert engine.block_hashes(PROMPT[:15]) == ()
 
 
-# --- gauges and errors ---------------------------------------------------------------------------
+# --- gauges and errors ------------------------------------------------------------------------
 def test_busy_seconds_count_iterations_up_to_the_clock() -> None:
     instance = make()
     instance.submit(request("a", output=1), now=1.0)
@@ -299,7 +299,7 @@ def test_time_going_backwards_and_a_reused_id_are_errors() -> None:
         instance.submit(request("a"), now=1.0)
 
 
-# --- properties ------------------------------------------------------------------------------
+# --- properties -------------------------------------------------------------------------------
 arrivals = st.lists(
     st.tuples(st.floats(0, 0.5), st.integers(1, 300), st.integers(1, 20)), min_size=1, max_size=25
 )

@@ -196,7 +196,7 @@ class Engine:
         self._ids: set[str] = set()
         self._draining = False
 
-    # --- the caller's side ------------------------------------------------------------------
+    # --- the caller's side --------------------------------------------------------------------
     def submit(self, request: Request, now: float) -> Refused | None:
         """Accept ``request`` arriving at ``now`` (not before the engine's clock); None when
         accepted, else why not (nothing is queued then)."""
@@ -258,7 +258,7 @@ class Engine:
             busy_seconds=self._busy_done + self._busy_partial(),
         )
 
-    # --- planning ---------------------------------------------------------------------------
+    # --- planning -----------------------------------------------------------------------------
     def _next_start(self) -> float | None:
         if self._running:
             return self._free_at
@@ -327,7 +327,7 @@ class Engine:
             return request.prompt_tokens
         return request.prompt_tokens + request.output_tokens
 
-    # --- completion -------------------------------------------------------------------------
+    # --- completion ---------------------------------------------------------------------------
     def _complete(self, iteration: _Iteration) -> list[Event]:
         """The iteration's end: its tokens out, finished sequences gone (phase 2 or 3)."""
         self._current = None
