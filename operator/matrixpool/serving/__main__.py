@@ -1,0 +1,103 @@
+"""``python -m matrixpool.serving``: the simulated inference server of one instance, as the
+matrixpool image runs it in an InferenceService's pods. Serves until SIGTERM or SIGINT, then
+drains: takes no new requests (503 with Retry-After), finishes the accepted ones and exits
+when idle or after --drain-seconds.
+
+Settings come from the flags, else from the pod's environment: MATRIXPOOL_SERVE_PORT,
+MATRIXPOOL_ROLE (prefill, decode or both) and MATRIXPOOL_CARDS (the cards bound to the pod,
+a comma list: the instance has as many cards as it names).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Mapping, Sequence
+
+from matrixpool.serving import engine, latency, server
+
+log = logging.getLogger("matrixpool.serving")
+
+
+def _cards(listed: str | None) -> int:
+    """The count of a comma list of cards ("0,1,2,3": 4); 1 when none is given."""
+    names = [name for name in (listed or "").split(",") if name.strip()]
+    return len(names) or 1
+
+
+def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m matrixpool.serving", description=__doc__)
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=environ.get("MATRIXPOOL_SERVE_PORT", "8000"),
+        help="port to serve on (default: $MATRIXPOOL_SERVE_PORT, else 8000)",
+    )
+    parser.add_argument("--host", default="0.0.0.0", help="address to bind (default: all)")
+    parser.add_argument(
+        "--role",
+        type=engine.Role,
+        choices=list(engine.Role),
+        default=environ.get("MATRIXPOOL_ROLE", "both"),
+        help="what the instance does (default: $MATRIXPOOL_ROLE, else both)",
+    )
+    parser.add_argument(
+        "--cards",
+        type=int,
+        default=_cards(environ.get("MATRIXPOOL_CARDS")),
+        help="cards of the instance (default: as many as $MATRIXPOOL_CARDS lists, else 1)",
+    )
+    parser.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=30.0,
+        help="after SIGTERM, how long accepted requests may take to finish (default: 30)",
+    )
+    parser.add_argument(
+        "--model-name", default="matrixpool-sim", help="the model_name label of the metrics"
+    )
+    parser.add_argument(
+        "--speed",
+        type=float,
+        default=1.0,
+        help="run the latency model this many times faster (demos that compress a day)",
+    )
+    parser.add_argument(
+        "--max-batch", type=int, default=None, help="decode batch (default: 96 per card)"
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    args = parser(os.environ if environ is None else environ).parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    instance = engine.Engine(
+        model=latency.DEFAULT.scaled(args.speed),
+        cards=args.cards,
+        role=args.role,
+        max_batch=args.max_batch,
+    )
+    return 0 if asyncio.run(_serve(instance, args)) else 1
+
+
+async def _serve(instance: engine.Engine, args: argparse.Namespace) -> bool:
+    """Serve until SIGTERM or SIGINT, then drain; True when every accepted request finished."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    app = server.create_app(instance, model_name=args.model_name)
+    runner = await server.start(app, args.host, args.port)
+    log.info("serving on %s", runner.addresses)
+    await stop.wait()
+    log.info("draining, for at most %.0f s", args.drain_seconds)
+    drained = await server.drain_and_stop(runner, args.drain_seconds)
+    log.info("stopped: %s", "every request finished" if drained else "the drain timed out")
+    return drained
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
