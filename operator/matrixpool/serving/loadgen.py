@@ -1,0 +1,435 @@
+"""Sends a workload's requests to inference servers, open-loop, and records what each one saw.
+
+Called by the serving benchmark and the integration tests with requests from
+:mod:`matrixpool.serving.workload`, and by hand::
+
+    python -m matrixpool.serving.loadgen --url http://127.0.0.1:8000 --seconds 600 --rate 2 --json
+
+Each request is sent at its arrival time (``arrival_s / time_scale`` seconds after the run's
+start, so a day can run in minutes) whether or not earlier ones have been answered: the
+dispatcher never waits for a response, and the HTTP connection pool is unbounded so that no
+request queues in the client. Requests go to ``POST {url}/v1/completions`` with
+``stream: true``; the server answers one Server-Sent Event ``data:`` chunk per output token
+and then ``data: [DONE]``. Per request it records when it was due and sent, when the first
+token came, the gaps between tokens (TPOT = (last - first) / (n - 1)), and how it ended:
+
+- ``ok``: the stream ended with ``[DONE]``;
+- ``http_error``: any status but 200, or a 503 still answered after ``max_retries`` re-sends;
+- ``connection_error``: no answer, or the connection dropped or the stream ended early.
+
+A 503 (a draining instance answers it with Retry-After) is re-sent to another URL, and that
+URL is avoided by later requests for Retry-After seconds; the request is recorded as
+``retried``, not failed, once it succeeds. With every URL answering 503, it waits Retry-After
+(at most ``retry_wait_cap_s``) and tries them again. Nothing else is retried: a dropped
+request may have been executed, and the load generator counts it as failed.
+
+Errors: none of its own; HTTP and connection failures are data (:class:`Status`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import enum
+import itertools
+import json
+import math
+import sys
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import aiohttp
+
+from matrixpool import clock
+from matrixpool.serving import workload
+
+Clock = Callable[[], float]  # monotonic seconds
+Sleep = Callable[[float], Awaitable[None]]
+DEFAULT_RETRY_AFTER_S = 1.0  # a 503 without a usable Retry-After header
+
+
+class Status(enum.StrEnum):
+    """How a request ended."""
+
+    OK = "ok"
+    HTTP_ERROR = "http_error"
+    CONNECTION_ERROR = "connection_error"
+
+
+class Policy(enum.StrEnum):
+    """Which URL takes the next request."""
+
+    ROUND_ROBIN = "round-robin"
+    LEAST_OUTSTANDING = "least-outstanding"  # the one with the fewest requests in flight
+
+
+@dataclass(frozen=True)
+class Options:
+    """Where and how to send."""
+
+    urls: tuple[str, ...]  # base URLs of the servers, e.g. http://10.0.0.1:8000
+    model: str = "matrixpool-sim"  # the request's "model"
+    time_scale: float = 1.0  # workload seconds per real second
+    policy: Policy = Policy.ROUND_ROBIN
+    max_retries: int = 4  # re-sends after a 503, per request
+    retry_wait_cap_s: float = 5.0  # longest wait for a Retry-After when every URL answered 503
+    read_timeout_s: float = 60.0  # longest silence of a server before a connection error
+
+    def __post_init__(self) -> None:
+        if not self.urls or len(set(self.urls)) != len(self.urls):
+            raise ValueError("options: need at least one URL, each once")
+        if self.time_scale <= 0 or self.max_retries < 0:
+            raise ValueError("options: need time_scale > 0 and max_retries >= 0")
+
+
+@dataclass(frozen=True)
+class Record:
+    """What one request saw; times in real seconds since the run's start."""
+
+    request_id: int  # workload.Request.id
+    url: str  # the base URL that gave the last answer
+    due_at: float  # when the schedule wanted it sent: arrival_s / time_scale
+    sent_at: float  # when it was first sent
+    first_token_at: float | None  # when the first token came; None: no token
+    token_gaps: tuple[float, ...]  # seconds between consecutive tokens (n - 1 of them)
+    status: Status
+    http_status: int | None = None  # the last answer's status; None: no answer
+    retried: int = 0  # re-sends after a 503
+    error: str = ""  # what went wrong, for a failed request
+
+    @property
+    def tokens(self) -> int:
+        return 0 if self.first_token_at is None else len(self.token_gaps) + 1
+
+    @property
+    def ttft(self) -> float | None:
+        """Time to first token, from the first send (so it includes any 503 round trips)."""
+        return None if self.first_token_at is None else self.first_token_at - self.sent_at
+
+    @property
+    def tpot(self) -> float | None:
+        """Time per output token after the first: (last - first) / (n - 1); None below 2."""
+        return sum(self.token_gaps) / len(self.token_gaps) if self.token_gaps else None
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A run in figures (what ``--json`` prints)."""
+
+    sent: int  # requests
+    ok: int
+    failed: int  # http_error + connection_error
+    http_errors: int
+    connection_errors: int
+    retried: int  # requests re-sent after a 503 at least once (ok or not)
+    ttft_p50_s: float | None  # over ok requests; None: none
+    ttft_p99_s: float | None
+    tpot_p50_s: float | None  # over ok requests of 2 tokens or more
+    tpot_p99_s: float | None
+    send_lag_max_s: float  # the latest a request left after it was due: the client kept up?
+    attainment: float | None  # share meeting both targets (see attainment()); None: no targets
+
+
+# --- figures ---------------------------------------------------------------------------------
+def meets(record: Record, ttft_s: float, tpot_s: float) -> bool:
+    """An ok request whose TTFT is at most ``ttft_s`` and TPOT at most ``tpot_s``; a request of
+    one token has no TPOT and meets that target."""
+    ttft, tpot = record.ttft, record.tpot
+    if record.status is not Status.OK or ttft is None or ttft > ttft_s:
+        return False
+    return tpot is None or tpot <= tpot_s
+
+
+def attainment(records: Sequence[Record], ttft_s: float, tpot_s: float) -> float:
+    """The share of all requests that ended ok and met both targets: a failed request counts
+    as a miss, so failing requests never raises it. No requests: 1.0 (none missed)."""
+    if not records:
+        return 1.0
+    return sum(meets(record, ttft_s, tpot_s) for record in records) / len(records)
+
+
+def percentile(values: Sequence[float], share: float) -> float | None:
+    """Nearest-rank percentile (``share`` in 0..1); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(share * len(ordered)) - 1)]
+
+
+def summarize(
+    records: Sequence[Record], ttft_s: float | None = None, tpot_s: float | None = None
+) -> Summary:
+    """The run's counts and latency percentiles; attainment only when both targets are given."""
+    ok = [r for r in records if r.status is Status.OK]
+    ttfts = [r.ttft for r in ok if r.ttft is not None]
+    tpots = [r.tpot for r in ok if r.tpot is not None]
+    http = sum(r.status is Status.HTTP_ERROR for r in records)
+    targets = None if ttft_s is None or tpot_s is None else (ttft_s, tpot_s)
+    return Summary(
+        sent=len(records),
+        ok=len(ok),
+        failed=len(records) - len(ok),
+        http_errors=http,
+        connection_errors=len(records) - len(ok) - http,
+        retried=sum(r.retried > 0 for r in records),
+        ttft_p50_s=percentile(ttfts, 0.50),
+        ttft_p99_s=percentile(ttfts, 0.99),
+        tpot_p50_s=percentile(tpots, 0.50),
+        tpot_p99_s=percentile(tpots, 0.99),
+        send_lag_max_s=max((r.sent_at - r.due_at for r in records), default=0.0),
+        attainment=None if targets is None else attainment(records, *targets),
+    )
+
+
+# --- sending ---------------------------------------------------------------------------------
+class Router:
+    """Chooses a URL per attempt: by the policy, avoiding URLs that answered 503 until their
+    Retry-After has passed (or when no other is left)."""
+
+    def __init__(self, urls: Sequence[str], policy: Policy, now: Clock) -> None:
+        self._urls = tuple(urls)
+        self._policy = policy
+        self._now = now
+        self._next = 0  # round-robin position
+        self.outstanding = dict.fromkeys(self._urls, 0)  # requests in flight per URL
+        self._draining_until = dict.fromkeys(self._urls, -math.inf)
+
+    def choose(self, excluded: set[str]) -> str | None:
+        """The URL for the next attempt, never one in ``excluded``; None if all are."""
+        allowed = [url for url in self._urls if url not in excluded]
+        now = self._now()
+        candidates = [url for url in allowed if self._draining_until[url] <= now] or allowed
+        if not candidates:
+            return None
+        if self._policy is Policy.LEAST_OUTSTANDING:
+            return min(candidates, key=self.outstanding.__getitem__)
+        for step in range(len(self._urls)):
+            index = (self._next + step) % len(self._urls)
+            if self._urls[index] in candidates:
+                self._next = index + 1
+                return self._urls[index]
+        raise AssertionError("unreachable: candidates are among the URLs")
+
+    def draining(self, url: str, seconds: float) -> None:
+        self._draining_until[url] = self._now() + seconds
+
+
+@dataclass(frozen=True)
+class _Streamed:
+    """An answer that ended, well or not."""
+
+    url: str
+    token_times: tuple[float, ...]  # when each token chunk came
+    status: Status
+    http_status: int | None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class _Draining:
+    """A 503: try elsewhere."""
+
+    url: str
+    retry_after_s: float
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What every request of a run shares."""
+
+    session: aiohttp.ClientSession
+    options: Options
+    router: Router
+    now: Clock
+    sleep: Sleep
+    start: float  # the run's start on the clock
+
+
+async def run(
+    requests: Iterable[workload.Request],
+    options: Options,
+    *,
+    now: Clock = clock.SYSTEM.monotonic,
+    sleep: Sleep = asyncio.sleep,
+) -> list[Record]:
+    """Sends every request at its time and returns their records, in the requests' order.
+
+    ``requests`` may be lazy (``workload.requests``): each is built just before it is due.
+    """
+    connector = aiohttp.TCPConnector(limit=0)  # no client-side queue: open loop
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=options.read_timeout_s)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        shared = _Run(
+            session, options, Router(options.urls, options.policy, now), now, sleep, now()
+        )
+        tasks = []
+        for request in requests:
+            due = request.arrival_s / options.time_scale
+            if (wait := shared.start + due - now()) > 0:
+                await sleep(wait)
+            tasks.append(asyncio.create_task(_send(shared, request, due)))
+        return list(await asyncio.gather(*tasks))
+
+
+async def _send(shared: _Run, request: workload.Request, due: float) -> Record:
+    """One request to its end: 1. choose a URL, 2. stream, 3. on a 503, avoid that URL and go
+    to 1 (after Retry-After when every URL answered 503), 4. record."""
+    sent_at = shared.now() - shared.start
+    excluded: set[str] = set()
+    retried = 0
+    while True:
+        if len(excluded) == len(shared.options.urls):
+            excluded.clear()  # every URL answered 503 and we waited: try them all again
+        url = shared.router.choose(excluded)  # 1.
+        assert url is not None  # excluded is never all of the (unique) URLs here
+        answer = await _attempt(shared, url, request)  # 2.
+        if isinstance(answer, _Streamed):
+            return _record(shared, request, due, sent_at, answer, retried)  # 4.
+        if retried == shared.options.max_retries:
+            failed = _Streamed(url, (), Status.HTTP_ERROR, 503, "503 after every retry")
+            return _record(shared, request, due, sent_at, failed, retried)  # 4.
+        retried += 1  # 3.
+        excluded.add(url)
+        shared.router.draining(url, answer.retry_after_s)
+        if len(excluded) == len(shared.options.urls):
+            await shared.sleep(min(answer.retry_after_s, shared.options.retry_wait_cap_s))
+
+
+def _record(
+    shared: _Run,
+    request: workload.Request,
+    due: float,
+    sent_at: float,
+    answer: _Streamed,
+    retried: int,
+) -> Record:
+    times = [t - shared.start for t in answer.token_times]
+    gaps = tuple(later - earlier for earlier, later in itertools.pairwise(times))
+    first = times[0] if times else None
+    return Record(
+        request_id=request.id,
+        url=answer.url,
+        due_at=due,
+        sent_at=sent_at,
+        first_token_at=first,
+        token_gaps=gaps,
+        status=answer.status,
+        http_status=answer.http_status,
+        retried=retried,
+        error=answer.error,
+    )
+
+
+async def _attempt(shared: _Run, url: str, request: workload.Request) -> _Streamed | _Draining:
+    body = {
+        "model": shared.options.model,
+        "prompt": list(request.prompt),
+        "max_tokens": request.output_tokens,
+        "stream": True,
+    }
+    shared.router.outstanding[url] += 1
+    try:
+        async with shared.session.post(f"{url}/v1/completions", json=body) as response:
+            if response.status == 503:
+                return _Draining(url, _retry_after(response.headers.get("Retry-After")))
+            if response.status != 200:
+                text = (await response.text())[:200]
+                return _Streamed(url, (), Status.HTTP_ERROR, response.status, text)
+            return await _read_stream(shared, url, response)
+    except (aiohttp.ClientError, TimeoutError) as error:
+        return _Streamed(url, (), Status.CONNECTION_ERROR, None, repr(error))
+    finally:
+        shared.router.outstanding[url] -= 1
+
+
+async def _read_stream(shared: _Run, url: str, response: aiohttp.ClientResponse) -> _Streamed:
+    """Token times from the ``data:`` lines until ``[DONE]``; a stream that ends before it, or
+    breaks, is a connection error that keeps the tokens seen."""
+    times: list[float] = []
+    try:
+        async for line in response.content:
+            if not line.startswith(b"data:"):
+                continue  # blank separators, comments, other SSE fields
+            if line[5:].strip() == b"[DONE]":
+                return _Streamed(url, tuple(times), Status.OK, 200)
+            times.append(shared.now())
+    except (aiohttp.ClientError, TimeoutError) as error:
+        return _Streamed(url, tuple(times), Status.CONNECTION_ERROR, 200, repr(error))
+    return _Streamed(url, tuple(times), Status.CONNECTION_ERROR, 200, "stream ended before [DONE]")
+
+
+def _retry_after(header: str | None) -> float:
+    """Retry-After in seconds; an HTTP-date or nonsense counts as the default."""
+    try:
+        return max(0.0, float(header)) if header is not None else DEFAULT_RETRY_AFTER_S
+    except ValueError:
+        return DEFAULT_RETRY_AFTER_S
+
+
+# --- command line ----------------------------------------------------------------------------
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    pattern = _pattern(args)
+    lengths = workload.LengthModel(
+        prompt=dataclasses.replace(workload.CONVERSATION_PROMPT, median=args.prompt_median),
+        output=dataclasses.replace(workload.CONVERSATION_OUTPUT, median=args.output_median),
+        shared_prefix_share=args.shared_prefix_share,
+        prefix_count=args.prefix_count,
+        prefix_tokens=args.prefix_tokens,
+    )
+    requests = workload.requests(pattern, lengths, args.seconds, args.seed, args.start_hour * 3600)
+    urls = tuple(dict.fromkeys(url.rstrip("/") for url in args.url))
+    options = Options(urls, args.model, args.time_scale, Policy(args.policy))
+    records = asyncio.run(run(requests, options))
+    summary = summarize(records, args.ttft, args.tpot)
+    for name, value in dataclasses.asdict(summary).items():
+        print(f"{name:>18}: {value}")
+    if args.json:
+        print(json.dumps(dataclasses.asdict(summary)))
+    return 0
+
+
+def _pattern(args: argparse.Namespace) -> workload.Pattern:
+    if args.pattern == "steps":
+        return workload.step_pattern(args.levels, args.step_seconds)
+    if args.pattern == "constant":
+        return workload.step_pattern([args.rate], max(args.seconds, 1.0))
+    bursts = None if args.no_bursts else workload.Bursts()
+    return workload.DailyPattern(args.rate, bursts=bursts)
+
+
+def _levels(text: str) -> list[float]:
+    return [float(level) for level in text.split(",")]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m matrixpool.serving.loadgen",
+        description="Send a generated serving load to completions servers, open-loop.",
+    )
+    parser.add_argument("--url", action="append", required=True, help="base URL; repeatable")
+    parser.add_argument("--seconds", type=float, default=60.0, help="workload seconds to send")
+    parser.add_argument("--pattern", choices=["day", "constant", "steps"], default="day")
+    parser.add_argument("--rate", type=float, default=1.0, help="day: peak rps; constant: rps")
+    parser.add_argument("--levels", type=_levels, default=[1.0], help="steps: rps, e.g. 1,2,4")
+    parser.add_argument("--step-seconds", type=float, default=60.0, help="steps: each level's")
+    parser.add_argument("--no-bursts", action="store_true", help="day: the curve alone")
+    parser.add_argument("--start-hour", type=float, default=0.0, help="time of day to start at")
+    parser.add_argument("--time-scale", type=float, default=1.0, help="workload s per real s")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--prompt-median", type=float, default=1020.0, help="tokens")
+    parser.add_argument("--output-median", type=float, default=129.0, help="tokens")
+    parser.add_argument("--shared-prefix-share", type=float, default=0.0)
+    parser.add_argument("--prefix-count", type=int, default=8)
+    parser.add_argument("--prefix-tokens", type=int, default=512)
+    parser.add_argument("--model", default="matrixpool-sim")
+    parser.add_argument("--policy", choices=[p.value for p in Policy], default="round-robin")
+    parser.add_argument("--ttft", type=float, help="TTFT target, seconds (for attainment)")
+    parser.add_argument("--tpot", type=float, help="TPOT target, seconds (for attainment)")
+    parser.add_argument("--json", action="store_true", help="last line: the summary as JSON")
+    return parser
+
+
+if __name__ == "__main__":
+    sys.exit(main())
