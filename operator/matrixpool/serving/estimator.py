@@ -30,7 +30,8 @@ then serves both phases (aggregated: its replicas split their time between the t
 3. The person's spec: each role within ``minReplicas..maxReplicas`` (:func:`within_bounds`).
 4. The ratio range: the least replicas at or above phase 3's whose decode/prefill ratio is in
    ``[lo, hi]`` (:func:`keep_ratio`); it only raises, never lowers below what load needs. If
-   that exceeds a ``maxReplicas``, the range cannot be kept and phase 3 stands, with a reason.
+   that would pass a ``maxReplicas``, the range cannot be kept: the short side is raised as
+   far as its maximum allows (still monotone), with a reason.
 5. Cards (:func:`fit_cards`): at most ``min(cap_cards, free_cards + cards held now)``. Over
    that, both roles are cut in proportion to what phase 4 wanted, each kept at or above its
    floor and the ratio kept where it fits; if the floors alone do not fit, the floors are
@@ -39,9 +40,11 @@ then serves both phases (aggregated: its replicas split their time between the t
    leaves, the role furthest below its share first.
 
 Properties (tests/unit/test_serving_estimator.py): more load never yields fewer replicas
-(phases 1-4 are monotone in every factor); every role stays within its bounds; the cards
-never exceed the limit unless the floors alone do; the ratio range is kept whenever some
-replicas within the bounds and the limit keep it.
+(phases 1-4 are monotone in every factor); under a card limit, the role whose need grew never
+gets fewer (the other may: the cut is shared in proportion, and neither the other role nor the
+total cards are monotone there); every role stays within its bounds; the cards never exceed the
+limit unless the floors alone do; the ratio range is kept whenever replicas at or above the
+need within the bounds and the limit keep it, and a cut keeps it if what it cut kept it.
 
 :class:`Stabilizer` then smooths recommendations over time the way the Kubernetes
 HorizontalPodAutoscaler does (kubernetes.io/docs/tasks/run-application/horizontal-pod-autoscale,
@@ -169,6 +172,12 @@ class Bounds:
 
     def cards(self, replicas: Replicas) -> int:
         return _cards(self.prefill, replicas.prefill) + _cards(self.decode, replicas.decode)
+
+    def keeps_ratio(self, replicas: Replicas) -> bool:
+        """Whether the replicas keep the ratio range; true without a range or both roles."""
+        if self.ratio is None or self.prefill is None or self.decode is None:
+            return True
+        return self.ratio.admits(replicas.prefill, replicas.decode)
 
 
 @dataclass(frozen=True)
@@ -321,11 +330,12 @@ def within_bounds(wanted: Replicas, bounds: Bounds) -> Replicas:
     return bounds.clamp(wanted)
 
 
-def keep_ratio(replicas: Replicas, bounds: Bounds) -> Replicas | None:
+def keep_ratio(replicas: Replicas, bounds: Bounds) -> Replicas:
     """The least replicas at or above ``replicas`` (each role) whose decode/prefill ratio is in
     the range, raising the side that is short: ``p >= ceil(d / hi)`` and ``d >= ceil(p * lo)``,
-    repeated until both hold. None if that passes a ``maxReplicas``. Without a range or without
-    both roles, ``replicas`` as they are.
+    repeated until both hold, neither raised past its ``maxReplicas``. Where the maxima forbid
+    the range, the result is as near to it as they allow (:meth:`Bounds.keeps_ratio` tells).
+    Without a range or without both roles, ``replicas`` as they are.
 
     Each raise is monotone, so this is the least fixed point above ``replicas``: the cheapest
     replicas in range at or above them, and more wanted never yields less."""
@@ -333,12 +343,12 @@ def keep_ratio(replicas: Replicas, bounds: Bounds) -> Replicas | None:
     if ratio is None or prefill is None or decode is None:
         return replicas
     p, d = replicas.prefill, replicas.decode
-    while not ratio.admits(p, d):
-        p = max(p, math.ceil(d / ratio.hi))
-        d = max(d, math.ceil(p * ratio.lo))
-        if p > prefill.max_replicas or d > decode.max_replicas:
-            return None
-    return Replicas(p, d)
+    while True:
+        raised_p = min(prefill.max_replicas, max(p, math.ceil(d / ratio.hi)))
+        raised_d = min(decode.max_replicas, max(d, math.ceil(raised_p * ratio.lo)))
+        if (raised_p, raised_d) == (p, d):
+            return Replicas(p, d)
+        p, d = raised_p, raised_d
 
 
 def card_limit(cap_cards: int | None, free_cards: int | None, held: int) -> tuple[int | None, str]:
@@ -355,11 +365,18 @@ def card_limit(cap_cards: int | None, free_cards: int | None, held: int) -> tupl
 def fit_cards(wanted: Replicas, limits: Limits) -> Replicas | None:
     """Over the card limit, cut both roles in proportion to ``wanted`` to the highest level that
     fits: at level ``k`` of ``K = max(wanted)`` a role has ``max(floor, wanted * k // K)``,
-    raised to keep the ratio range where the floors allow it; then the cards a whole level
-    leaves are filled a replica at a time (:func:`_top_up`). None if the floors do not fit."""
+    raised to keep the ratio range if ``wanted`` keeps it and the floors allow; then the cards
+    a whole level leaves are filled a replica at a time (:func:`_top_up`). None if the floors
+    do not fit."""
     if limits.fits(wanted):
         return wanted
-    with_ratio = _ladder(wanted, limits, lambda r: keep_ratio(r, limits.bounds))
+    bounds = limits.bounds
+
+    def in_range(replicas: Replicas) -> Replicas | None:
+        kept = keep_ratio(replicas, bounds)
+        return kept if bounds.keeps_ratio(kept) else None
+
+    with_ratio = _ladder(wanted, limits, in_range) if bounds.keeps_ratio(wanted) else None
     if with_ratio is not None:
         return with_ratio
     return _ladder(wanted, limits, lambda r: r)
@@ -562,18 +579,16 @@ def _spec(need: Replicas, bounds: Bounds) -> tuple[Replicas, list[str], list[str
 
 
 def _ratio(wanted: Replicas, bounds: Bounds) -> tuple[Replicas, list[str]]:
-    """Phase 4: the least replicas in the ratio range; phase 3's where maxReplicas forbids it."""
+    """Phase 4: the least replicas in the ratio range, or as near as maxReplicas allow."""
     kept = keep_ratio(wanted, bounds)
     ratio = bounds.ratio
-    if ratio is None or kept == wanted:
+    if ratio is None or (kept == wanted and bounds.keeps_ratio(kept)):
         return wanted, []
     span = f"decode/prefill ratio {_q(ratio.lo)}..{_q(ratio.hi)}"
-    if kept is None:
-        return wanted, [f"{span} cannot be kept within maxReplicas"]
-    return kept, [
-        f"{span} raises prefill {wanted.prefill} -> {kept.prefill}, "
-        f"decode {wanted.decode} -> {kept.decode}"
-    ]
+    raised = f"prefill {wanted.prefill} -> {kept.prefill}, decode {wanted.decode} -> {kept.decode}"
+    if not bounds.keeps_ratio(kept):
+        return kept, [f"{span} cannot be kept within maxReplicas: {raised}"]
+    return kept, [f"{span} raises {raised}"]
 
 
 def _cards_phase(wanted: Replicas, limits: Limits) -> tuple[Replicas, list[str]]:
@@ -622,12 +637,13 @@ class Stabilizer:
     1. Hold (:func:`holds`) while the current replicas serve the load within the tolerance:
        the load is at most ``current * (1 + tolerance)`` and the current replicas are no more
        than the load with that headroom needs, ``ceil(load * (1 + tolerance))``. Otherwise
-       desire the recommendation.
+       desire what the load asks for within the spec (phases 1 to 3). A latency or
+       utilisation floor (phase 2) is never held back by the tolerance.
     2. Up at once to what is desired; down only to the highest desired in the last
        ``scale_down_window_s`` (:func:`stabilise`).
-    3. The ratio range is restored by raising the short side (:func:`keep_ratio`), and the
-       limits always apply at once: a role over what the recommendation's cards allow goes to
-       the recommendation, and every role stays within its bounds.
+    3. The ratio range, for both roles together, by raising the short side
+       (:func:`keep_ratio`); then the limits, at once: every role within its bounds and, where
+       the cards do not fit the limit, no role above the recommendation.
     """
 
     tolerance: float = 0.1  # HPA default (--horizontal-pod-autoscaler-tolerance)
@@ -648,7 +664,7 @@ class Stabilizer:
             ceiling = ceiling.join(seen)
         stable = bounds.clamp(stabilise(current, desired, ceiling))
         reasons += _waiting(current, desired, stable, self.scale_down_window_s)
-        stable = keep_ratio(stable, bounds) or stable
+        stable = keep_ratio(stable, bounds)
         if not recommendation.limits.fits(stable):
             stable = bounds.clamp(stable.meet(recommendation.replicas))
             reasons.append(f"the {recommendation.limits.cards_label} applies at once")
@@ -682,23 +698,20 @@ def _desired(
     tolerance: float, current: Replicas, recommendation: Recommendation
 ) -> tuple[Replicas, list[str]]:
     """Per role: the current replicas if they hold (within the tolerance and the bounds),
-    otherwise the recommendation."""
+    otherwise what the load asks for within the spec (the ratio and the cards come after)."""
     bounds = recommendation.limits.bounds
+    wanted = bounds.clamp(recommendation.need)
+    need, load = recommendation.need, recommendation.load
     counts, reasons = [], []
-    for name, role, now, load, want in (
-        (
-            "prefill",
-            bounds.prefill,
-            current.prefill,
-            recommendation.load[0],
-            recommendation.prefill,
-        ),
-        ("decode", bounds.decode, current.decode, recommendation.load[1], recommendation.decode),
+    for name, role, now, asked, observed, want in (
+        ("prefill", bounds.prefill, current.prefill, load[0], need.prefill, wanted.prefill),
+        ("decode", bounds.decode, current.decode, load[1], need.decode, wanted.decode),
     ):
         in_spec = role is not None and role.clamp(now) == now
-        if in_spec and want != now and holds(load, now, tolerance):
+        missed = observed > replicas_for(asked)  # a latency or utilisation floor raised it
+        if in_spec and want != now and not missed and holds(asked, now, tolerance):
             counts.append(now)
-            reasons.append(f"{name}: holds {now}: load {_r(load)} is within {_pct(tolerance)}")
+            reasons.append(f"{name}: holds {now}: load {_r(asked)} is within {_pct(tolerance)}")
         else:
             counts.append(want)
     return Replicas(*counts), reasons
