@@ -35,6 +35,8 @@ class Recorder:
     asked: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)  # inventory calls
     pins: list[tuple[str, tuple[str, ...], int | None]] = field(default_factory=list)
     peers: dict[str, list[str]] = field(default_factory=dict)  # daemon endpoint → told peers
+    metrics: dict[str, str] = field(default_factory=dict)  # URL → the /metrics text it answers
+    scraped: list[tuple[str, ...]] = field(default_factory=list)  # the URLs of each scrape
 
     async def create_pods(self, manifests: Sequence[Mapping[str, Any]]) -> None:
         self.created += [dict(m) for m in manifests]
@@ -127,6 +129,11 @@ class Recorder:
             return False
         self.peers[endpoint] = list(peers)
         return True
+
+    async def scrape(self, urls: Sequence[str], timeout: float) -> dict[str, str | None]:
+        """What the test set for each URL; a URL it did not set does not answer."""
+        self.scraped.append(tuple(urls))
+        return {url: self.metrics.get(url) for url in urls}
 
     # ---- what a test asks of the record ------------------------------------------------------
 

@@ -24,6 +24,7 @@ import structlog
 
 from matrixpool import clock
 from matrixpool.handlers import (
+    autoscaler,
     cleanup,
     lifecycle,
     peers,
@@ -134,14 +135,15 @@ async def main_loop(
 
 async def one_pass(state: Controllers, read: Callable[[], world.World]) -> None:
     """1 read the world, forget what went, note the jobs that finished; 2 recovery;
-    3 time-sharing's allowances; 4 the scheduling cycle; 5 the SuperNodes' status;
-    6 the daemons' tier-1 peers."""
+    3 the inference autoscaler's recommendations; 4 time-sharing's allowances; 5 the
+    scheduling cycle; 6 the SuperNodes' status; 7 the daemons' tier-1 peers."""
     now = read()
     state.forget_replaced(now.workloads)
     cleanup.sweep(state.sweeper, now.nodes, now.workloads)
     act = state.act
     lifecycle.observe(now, act)
     await recovery.run(now, state.recoveries, act)
+    await autoscaler.run(now, state.autoscaling, act)
     state.shares = await timeshare.share(read(), state.sharing, act)
     await scheduler.run_cycle(read, state.cycle, state.assumed, act)
     await supernode.report(read(), state.reported, act, state.sharing.transition_status)
@@ -169,6 +171,7 @@ class Controllers:
     identities: dict[str, str] = field(default_factory=dict)  # workload key → its UID
     act: executor.Executor = field(default_factory=executor.Live)  # the controllers' actions
     derived: world.Derived = field(default_factory=world.Derived)  # members, topologies
+    autoscaling: autoscaler.Memory = field(default_factory=autoscaler.Memory)  # per service
 
     def forget_replaced(self, current: Sequence[workloads.Workload]) -> None:
         """Drop what the controllers remember of workloads that went, or whose name now
@@ -182,6 +185,7 @@ class Controllers:
                 self.cycle.forget(uid, key)
                 self.recoveries.forget(uid)
                 self.sharing.forget(uid, key)
+                self.autoscaling.forget(uid)
         self.identities = now
 
 

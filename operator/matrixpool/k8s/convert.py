@@ -92,6 +92,7 @@ class PodFacts:
     uid: str = ""  # metadata.uid: the pod's identity (a re-created pod is another pod)
     released: bool = False  # its job Succeeded: kept for its logs, its cards free (read model)
     requests: nodefit.Resources = ()  # what it requests of its node (cards included)
+    ip: str = ""  # status.podIP: where an inference pod serves its /metrics (autoscaler)
 
     @property
     def key(self) -> str:
@@ -141,6 +142,7 @@ def pod_facts(
         incarnation=_number(annotations.get(names.INCARNATION)),
         uid=str(meta.get("uid") or ""),
         requests=tuple(sorted(nodefit.pod_requests(spec).items())),
+        ip=str(status.get("podIP") or ""),
     )
 
 

@@ -23,6 +23,7 @@ import kopf
 
 from matrixpool import checkpoints
 from matrixpool.k8s import configmaps, convert, pods
+from matrixpool.k8s import scrape as metrics_scrape
 from matrixpool.k8s import status as k8s_status
 
 PodKey = tuple[str, str]  # namespace, name
@@ -82,6 +83,10 @@ class Executor(Protocol):
 
     def event(self, ref: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
         """Record an Event on the object ``ref`` (apiVersion, kind, metadata name/uid)."""
+        ...
+
+    async def scrape(self, urls: Sequence[str], timeout: float) -> dict[str, str | None]:
+        """The Prometheus text each URL answered within ``timeout``, or None."""
         ...
 
     async def inventory(
@@ -149,6 +154,9 @@ class Live:
 
     def event(self, ref: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
         kopf.event(cast(kopf.Body, dict(ref)), type=kind, reason=reason, message=message[:1024])
+
+    async def scrape(self, urls: Sequence[str], timeout: float) -> dict[str, str | None]:
+        return await metrics_scrape.scrape(urls, timeout)
 
     async def inventory(
         self, job: str, endpoints: Mapping[str, str], persistent_uri: str | None = None

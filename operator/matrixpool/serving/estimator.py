@@ -1,8 +1,9 @@
 """From load factors to the prefill and decode replicas an InferenceService needs.
 
-Called by the inference autoscaler (issue 16, item 3) once per pass with the factors it read
-from the instances' metrics; its result goes to ``spec`` (mode Auto) or to
-``status.recommendation`` (mode Advisory), reasons and all. Pure: no clock, no I/O, nothing
+Called by the inference autoscaler (:mod:`matrixpool.handlers.autoscaler`) once a period
+with the factors it read from the instances' metrics; its result goes to
+``status.recommendation``, reasons and all (served in mode Auto, shown only in mode Advisory),
+and by ``benchmarks/serving.py`` in simulated time. Pure: no clock, no I/O, nothing
 from matrixpool outside this package; per-replica capacity arrives as plain numbers
 (:class:`Capacity`, which the caller derives from ``serving.latency``).
 
