@@ -2,19 +2,22 @@
 
 Sizes are small byte counts so the arithmetic reads at a glance; a block's bytes say whose
 block it is (``b"a:h1:..."``), so a block handed to the wrong service would show. The daemon
-routes over it are exercised on real daemon processes in tests/checkpoint/test_kv_pool.py.
+routes over it are exercised on real daemon processes in tests/checkpoint/test_kv_pool.py; the
+last tests here read the daemon's ``--kv-pool-bytes`` flag.
 """
 
 from __future__ import annotations
 
+import argparse
 import itertools
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from matrixpool_recovery import errors, kvpool
+from matrixpool_recovery import daemon, errors, kvpool
 from matrixpool_recovery.kvpool import Block, KvPool, Refusal, Refused, Stored
 
 HASHES = [f"{n:032x}" for n in range(1, 9)]  # prefix hashes, as engine.block_hashes writes them
@@ -324,3 +327,36 @@ def test_with_quotas_inside_the_pool_a_block_within_the_quota_is_always_stored(
         result = put(kv, service, block_hash, size)
         assert isinstance(result, Stored), result
         assert all(owner == service for owner, _ in result.evicted), "evicted across services"
+
+
+# --- the daemon's flag ------------------------------------------------------------------------
+
+
+def daemon_args(tmp_path: Path, *extra: str) -> argparse.Namespace:
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret\n")
+    folders = ["--memory-dir", str(tmp_path / "memory"), "--data-dir", str(tmp_path / "disk")]
+    return daemon.arguments([*folders, "--secret-file", str(secret), *extra])
+
+
+def test_a_daemon_has_no_kv_pool_unless_given_one(tmp_path: Path) -> None:
+    assert daemon_args(tmp_path).kv_pool_bytes == 0
+    assert daemon_args(tmp_path, "--kv-pool-bytes", "2Gi").kv_pool_bytes == 2 << 30
+
+
+def test_the_kv_pool_comes_out_of_the_daemons_memory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    memory = ["--memory-bytes", "1Gi", "--memory-headroom", "256Mi"]
+    daemon_args(tmp_path, *memory, "--kv-pool-bytes", "512Mi")  # 256Mi left for tier 1
+    with pytest.raises(SystemExit):
+        daemon_args(tmp_path, *memory, "--kv-pool-bytes", "768Mi")
+    assert "above --memory-headroom plus --kv-pool-bytes" in capsys.readouterr().err
+
+
+def test_the_help_tells_of_the_kv_pool(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        daemon.arguments(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--kv-pool-bytes" in text
+    assert "served on /v1/kv within a quota per service" in text
