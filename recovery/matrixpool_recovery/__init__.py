@@ -8,6 +8,8 @@ of DESIGN.md's recovery contract:
   and ``files`` (tiers 2 and 3) as its stores.
 * ``staging``, ``shard``, ``checksum``, ``manifest`` — bytes, format, integrity, commit rule.
 * ``spec`` — which tiers a step reaches; ``names`` — names that cannot escape a directory.
+* ``kvpool`` — the KV-cache pool a daemon lends to inference services (quotas, LRU);
+  ``kvclient`` — an inference server's puts and lookups over the supernode's daemons.
 
 The client needs NumPy (``Checkpointer`` is imported on first use); the daemon does not.
 

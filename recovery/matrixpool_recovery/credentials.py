@@ -6,8 +6,14 @@ operator only). Nothing sends that secret over the wire; the bearer tokens are d
 * ``job_token(secret, job)`` — one job's credential (``job`` is the TrainingJob's UID). The
   operator writes it into a per-job Secret its pods mount; a daemon accepts it only on that
   job's routes (``/v1/jobs/<job>/...``, ``/v1/inventory?job=<job>``, ``/v1/info?job=<job>``).
-* ``operator_token(secret)`` — the operator's credential: every job's routes, plus the ones no
-  trainer may call (peer lists, pins, deletes, the whole inventory).
+* ``service_token(secret, service)`` — one inference service's credential (``service`` is the
+  InferenceService's UID): its KV-cache blocks, quota usage and nothing else
+  (``/v1/kv/<service>/blocks/...``, ``/v1/kv/<service>/usage``). It is derived under another
+  scope name than a job's, so a job's token never opens a service's KV blocks nor a service's
+  token a job's checkpoints, even for the same UID.
+* ``operator_token(secret)`` — the operator's credential: every job's and service's routes, plus
+  the ones no trainer or server may call (peer lists, pins, deletes, the whole inventory, KV
+  quotas).
 
 Daemons hold the secret, so they derive both to check a request, and use a job's token when
 they push that job's shard to a peer. Called by the daemon, the operator and the sim.
@@ -19,7 +25,7 @@ import hashlib
 import hmac
 from pathlib import Path
 
-JOB, OPERATOR = "job", "operator"  # the two scopes a token can have
+JOB, SERVICE, OPERATOR = "job", "service", "operator"  # the scopes a token can have
 
 
 def _derive(secret: str, *parts: str) -> str:
@@ -30,6 +36,18 @@ def _derive(secret: str, *parts: str) -> str:
 def job_token(secret: str, job: str) -> str:
     """The bearer token that opens one job's checkpoints, and nothing else."""
     return _derive(secret, JOB, job)
+
+
+def service_token(secret: str, service: str) -> str:
+    """The bearer token that opens one inference service's KV-cache blocks, and nothing else."""
+    return _derive(secret, SERVICE, service)
+
+
+def scoped_token(secret: str, scope: str, name: str) -> str:
+    """The token of a job (scope JOB) or of a service (scope SERVICE) called `name`."""
+    if scope not in (JOB, SERVICE):
+        raise ValueError(f"scope {scope!r}: {JOB} or {SERVICE}")
+    return _derive(secret, scope, name)
 
 
 def operator_token(secret: str) -> str:

@@ -3,12 +3,16 @@
 Holds tier-1 shards in memory so they outlive trainer processes and pods, writes tier 2 to the
 node's disk and tier 3 under the job's URI, pushes tier-1 copies to the peer daemons it is told
 about (the operator picks peers on nodes in another rack), serves shards to restoring
-trainers and to peers, and reports its inventory. Started by the chart's DaemonSet, by the
-multi-process tests and by the benchmarks.
+trainers and to peers, and reports its inventory. With ``--kv-pool-bytes`` it also holds the
+node's part of the supernode's KV-cache pool: inference services' KV blocks by prefix hash,
+within a quota per service (``kvpool``), served to their pods on any node (``kvclient``).
+Started by the chart's DaemonSet, by the multi-process tests and by the benchmarks.
 
 Trust (``credentials``): the daemon reads the cluster secret from ``--secret-file`` and accepts
-two kinds of bearer token derived from it. A job's token opens that job's routes only (scope
-``J`` below); the operator's token opens every route (scope ``operator``). A tier-3 URI must be
+three kinds of bearer token derived from it. A job's token opens that job's routes only (scope
+``J`` below); a service's token opens that service's KV routes only (scope ``S``; derived under
+another scope name, so a job's token never opens KV routes nor a service's token a job's); the
+operator's token opens every route (scope ``operator``). A tier-3 URI must be
 ``file://`` and resolve inside ``--persistent-root``, which may not overlap the daemon's own
 folders; a committed step must be an integer in 0..names.MAX_STEP, no newer than the step saved.
 
@@ -31,12 +35,25 @@ HTTP API (JSON unless noted; every call but healthz and metrics needs
     GET    shard?tier=memory|local                      the shard bytes (sendfile)
     GET    path?tier=memory                             the buffer file, for a trainer on the node
     GET    status?wait=SECONDS                          per tier: pending, ok or error
+    and under /v1/kv/ (the KV pool; 503 on each route when --kv-pool-bytes is 0):
+    PUT    S/blocks/H                  S or operator    body: block bytes; X-Matrixpool-Tokens:
+                                                        the tokens of prefix H; 201, 413 above
+                                                        S's quota, 507 no room (``kvpool``)
+    GET    S/blocks/H                  S or operator    the block bytes (X-Matrixpool-Tokens);
+                                                        404 not held
+    GET    S/usage                     S or operator    S's used, quota and share bytes, blocks
+    PUT    S/quota                     operator         {"bytes": N}: S's quota (its oldest
+                                                        blocks above it are evicted)
+    DELETE S                           operator         forget S: its blocks and its quota
+    GET    usage                       operator         every service's usage, the capacity
 
 Bounds: each connection has a read timeout (``--read-timeout``, 30 s: a request or upload that
 sends nothing for that long is dropped, and an upload's buffer goes back to the pool), and at
 most ``--max-requests`` (64) are served at once; a connection beyond that is answered 503 at
 once and closed, without a thread. Tier 2 and 3 report ``ok`` only once the written file was
-read back and matched the shard's checksum.
+read back and matched the shard's checksum. A KV block is at most ``MAX_KV_BLOCK`` (64 MiB) and
+is refused (413) before its body is read when it could never fit the service's quota; the
+pool's bytes come out of ``--memory-bytes`` (the container's limit), not on top of it.
 """
 
 from __future__ import annotations
@@ -68,6 +85,7 @@ from matrixpool_recovery import (
     credentials,
     errors,
     files,
+    kvpool,
     manifest,
     memory,
     metrics,
@@ -84,12 +102,16 @@ LINGER_SECONDS = 5.0  # seconds to wait for the rest of a refused upload
 STATUSES_KEPT = 4096  # save statuses remembered
 READ_TIMEOUT = 30.0  # seconds a connection may send nothing before it is dropped
 MAX_REQUESTS = 64  # connections served at once; more are answered 503
+MAX_KV_BLOCK = 64 << 20  # bytes of one KV block upload
+MAX_KV_QUOTA = 1 << 50  # bytes a KV quota may name
+NO_KV_POOL = "this daemon has no KV pool (started with --kv-pool-bytes 0)"
 BUSY_BODY = b'{"error": "too many requests in flight"}'  # the 503 answer's body
 BUSY_ANSWER = (
     b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\n"
     b"Retry-After: 1\r\nContent-Length: %d\r\n\r\n%s" % (len(BUSY_BODY), BUSY_BODY)
 )
 ReadInto = Callable[[memoryview], int]  # fills a buffer from the request body
+Scope = tuple[str, str] | None  # (credentials.JOB or SERVICE, its UID); None: the operator only
 _STATUS = {
     errors.InvalidNameError: 400,
     errors.NotFoundError: 404,
@@ -188,6 +210,7 @@ class Daemon:
         keep: int,
         workers: int = 4,
         persistent_root: Path | None = None,
+        kv_pool_bytes: int = 0,
     ) -> None:
         self.node = node  # this node's name
         self.secret = secret  # the cluster secret every token is derived from
@@ -201,21 +224,28 @@ class Daemon:
         self.nonce = secrets.token_hex(16)  # proves a trainer shares the memory directory
         self._statuses: OrderedDict[tuple[str, int, int], SaveStatus] = OrderedDict()
         self._lock = threading.Lock()
+        self.kv = kvpool.KvPool(kv_pool_bytes) if kv_pool_bytes > 0 else None  # None: no pool
+        self._kv_lock = threading.Lock()  # the pool is not thread-safe
+        if self.kv is not None:
+            metrics.watch_kv_pool(self._kv_bytes, kv_pool_bytes)
         manifest.write_atomic(mem.root / "probe", self.nonce.encode())
         (mem.root / "probe").chmod(memory.SHARED_MODE)
         metrics.watch_memory(mem.used, mem.limit)
 
-    def authorized(self, header: str | None, job: str | None) -> None:
-        """Accept the operator's token, or the token of `job` (None: the operator's only)."""
-        needed = (
-            "the operator token" if job is None else f"the job token of {job} or the operator token"
-        )
+    def authorized(self, header: str | None, scope: Scope) -> None:
+        """Accept the operator's token, or the token of the job or service `scope` names
+        (None: the operator's only)."""
+        needed = "the operator token"
+        if scope is not None:
+            needed = f"the {scope[0]} token of {scope[1]} or {needed}"
         if not header:
             raise errors.AuthError(f"needs Authorization: Bearer TOKEN ({needed})", 401)
         given = header.removeprefix("Bearer ").strip()
         if credentials.matches(given, self.operator):
             return
-        if job is not None and credentials.matches(given, credentials.job_token(self.secret, job)):
+        if scope is not None and credentials.matches(
+            given, credentials.scoped_token(self.secret, *scope)
+        ):
             return
         raise errors.AuthError(f"the token does not open this route: it needs {needed}", 403)
 
@@ -423,6 +453,91 @@ class Daemon:
             raise errors.NotFoundError(f"no save of {job}/{rank}/{step} on {self.node}", 404)
         return {"node": self.node, "tiers": found.wait(min(wait, MAX_WAIT))}
 
+    # --- the KV pool ---
+
+    def _pool(self) -> kvpool.KvPool:
+        if self.kv is None:
+            raise errors.DaemonError(NO_KV_POOL, 503)
+        return self.kv
+
+    def kv_admit(self, service: str, size: int) -> None:
+        """Refuse (413) a block upload that could never fit, before its body is read."""
+        pool = self._pool()
+        if size <= 0:
+            raise ValueError("a KV block upload needs a Content-Length above 0")
+        if size > MAX_KV_BLOCK:
+            raise errors.DaemonError(f"a KV block of {size} bytes: at most {MAX_KV_BLOCK}", 413)
+        with self._kv_lock:
+            refused = pool.admits(service, size)
+        if refused is not None:
+            metrics.kv_refused(service, refused.why)
+            raise errors.DaemonError(refused.reason, 413)
+
+    def kv_put(self, service: str, block_hash: str, block: kvpool.Block) -> dict[str, Any]:
+        pool = self._pool()
+        with self._kv_lock:
+            result = pool.put(service, block_hash, block)
+            usage = pool.usage_of(service)
+        if isinstance(result, kvpool.Refused):
+            metrics.kv_refused(service, result.why)
+            status = 413 if result.why is kvpool.Refusal.TOO_LARGE else 507
+            raise errors.DaemonError(result.reason, status)
+        metrics.kv_stored(service, block.size)
+        metrics.kv_evicted([owner for owner, _ in result.evicted])
+        return {
+            "node": self.node,
+            "service": service,
+            "hash": block_hash,
+            "bytes": block.size,
+            "evicted": len(result.evicted),
+            "usedBytes": usage.used_bytes,
+        }
+
+    def kv_get(self, service: str, block_hash: str) -> kvpool.Block:
+        pool = self._pool()
+        with self._kv_lock:
+            block = pool.get(service, block_hash)
+        metrics.kv_looked_up(service, None if block is None else block.size)
+        if block is None:
+            raise errors.NotFoundError(f"no KV block {block_hash} of {service} on {self.node}", 404)
+        return block
+
+    def kv_quota(self, service: str, quota: int) -> dict[str, Any]:
+        pool = self._pool()
+        with self._kv_lock:
+            evicted = pool.set_quota(service, quota)
+        metrics.kv_evicted([owner for owner, _ in evicted])
+        return {**self.kv_usage(service), "evicted": len(evicted)}
+
+    def kv_forget(self, service: str) -> dict[str, Any]:
+        pool = self._pool()
+        with self._kv_lock:
+            dropped = pool.forget(service)
+        metrics.kv_forget(service)
+        return {"node": self.node, "service": service, "deleted": dropped}
+
+    def kv_usage(self, service: str | None) -> dict[str, Any]:
+        """One service's usage, or every service's (None)."""
+        pool = self._pool()
+        with self._kv_lock:
+            found = pool.usage() if service is None else {service: pool.usage_of(service)}
+            capacity, used = pool.capacity_bytes, pool.used_bytes
+        services = {s: _usage_json(u) for s, u in found.items()}
+        if service is not None:
+            return {"node": self.node, "service": service, **services[service]}
+        return {
+            "node": self.node,
+            "capacityBytes": capacity,
+            "usedBytes": used,
+            "services": services,
+        }
+
+    def _kv_bytes(self) -> dict[str, tuple[int, int]]:
+        """Used and quota bytes per service, for the metrics."""
+        with self._kv_lock:
+            found = self._pool().usage()
+        return {s: (u.used_bytes, u.quota_bytes) for s, u in found.items()}
+
     def receive(
         self, job: str, rank: int, step: int, size: int, expected: str, read_into: ReadInto
     ) -> manifest.ShardRecord:
@@ -484,18 +599,32 @@ def _upload_meta(
     }
 
 
+def _usage_json(usage: kvpool.Usage) -> dict[str, int]:
+    return {
+        "usedBytes": usage.used_bytes,
+        "quotaBytes": usage.quota_bytes,
+        "shareBytes": usage.share_bytes,
+        "blocks": usage.blocks,
+    }
+
+
 def _describe(tier: str, err: Exception) -> str:
     return f"{tier}: {err or repr(err)}" if isinstance(err, OSError) else str(err) or repr(err)
 
 
-def _scope(method: str, segments: list[str], query: dict[str, str]) -> str | None:
-    """The job whose token may call this route; None: the operator's token only."""
+def _scope(method: str, segments: list[str], query: dict[str, str]) -> Scope:
+    """The job or service whose token may call this route; None: the operator's token only."""
     match method, segments:
         case "GET", ["v1", "info" | "inventory"]:
-            return query.get("job")
+            job = query.get("job")
+            return None if job is None else (credentials.JOB, job)
         case _, ["v1", "jobs", job, "ranks", *_]:
-            return job
-    return None  # peers, pins, deletes, unknown routes
+            return (credentials.JOB, job)
+        case _, ["v1", "kv", service, "blocks", _]:
+            return (credentials.SERVICE, service)
+        case "GET", ["v1", "kv", service, "usage"]:
+            return (credentials.SERVICE, service)
+    return None  # peers, pins, deletes, KV quotas, unknown routes
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -531,8 +660,8 @@ class Handler(BaseHTTPRequestHandler):
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         try:
             if segments not in (["v1", "healthz"], ["metrics"]):
-                job = _scope(method, segments, query)
-                self.server.daemon.authorized(self.headers.get("Authorization"), job)
+                scope = _scope(method, segments, query)
+                self.server.daemon.authorized(self.headers.get("Authorization"), scope)
             self._route(method, segments, query)
         except Exception as err:
             self._fail(err)
@@ -568,8 +697,51 @@ class Handler(BaseHTTPRequestHandler):
             case _, ["v1", "jobs", job, "ranks", rank, "steps", step, action]:
                 key = (names.job(job), names.rank(rank), names.step(step))
                 self._shard(method, action, *key, query)
+            case _, ["v1", "kv", *rest]:
+                self._kv(method, rest)
             case _:
                 raise errors.NotFoundError(f"no route {method} {self.path}", 404)
+
+    def _kv(self, method: str, rest: list[str]) -> None:
+        daemon = self.server.daemon
+        match method, rest:
+            case "PUT", [service, "blocks", block_hash]:
+                self._kv_upload(names.job(service), kvpool.block_hash(block_hash))
+            case "GET", [service, "blocks", block_hash]:
+                self._kv_send(names.job(service), kvpool.block_hash(block_hash))
+            case "GET", [service, "usage"]:
+                self._json(daemon.kv_usage(names.job(service)))
+            case "PUT", [service, "quota"]:
+                quota = names.number(self._body()["bytes"], "quota", MAX_KV_QUOTA)
+                self._json(daemon.kv_quota(names.job(service), quota))
+            case "DELETE", [service]:
+                self._json(daemon.kv_forget(names.job(service)))
+            case "GET", ["usage"]:
+                self._json(daemon.kv_usage(None))
+            case _:
+                raise errors.NotFoundError(f"no route {method} {self.path}", 404)
+
+    def _kv_upload(self, service: str, block_hash: str) -> None:
+        daemon = self.server.daemon
+        size = int(self.headers.get("Content-Length", "-1"))
+        tokens = names.number(
+            self.headers.get(wire.HEADER + "Tokens", ""), "token count", kvpool.MAX_TOKENS
+        )
+        daemon.kv_admit(service, size)
+        self.body_read = True  # from here on, it is read or the connection is broken
+        data = self.rfile.read(size)
+        if len(data) != size:
+            raise errors.IntegrityError(f"KV block upload ended after {len(data)} of {size} bytes")
+        self._json(daemon.kv_put(service, block_hash, kvpool.Block(tokens, data)), 201)
+
+    def _kv_send(self, service: str, block_hash: str) -> None:
+        block = self.server.daemon.kv_get(service, block_hash)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(block.size))
+        self.send_header(wire.HEADER + "Tokens", str(block.tokens))
+        self.end_headers()
+        self.wfile.write(block.data)
 
     def _shard(
         self, method: str, action: str, job: str, rank: int, step: int, query: dict[str, str]
@@ -777,6 +949,11 @@ PERSISTENT_HELP = "folder every tier-3 (file://) URI must resolve inside; apart 
 READ_TIMEOUT_HELP = "seconds a connection may send nothing before it is dropped"
 MAX_REQUESTS_HELP = "connections served at once; more are answered 503"
 LEASE_HELP = "seconds a trainer's reservation waits for its commit before it is reclaimed"
+KV_POOL_HELP = (
+    "host memory this node lends to the supernode's KV-cache pool: inference services' KV "
+    "blocks, served on /v1/kv within a quota per service; taken out of --memory-bytes "
+    "(default 0: no pool, the /v1/kv routes answer 503)"
+)
 
 
 def parse_bytes(text: str) -> int:
@@ -805,6 +982,7 @@ def arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--read-timeout", type=float, default=READ_TIMEOUT, help=READ_TIMEOUT_HELP)
     add("--max-requests", type=int, default=MAX_REQUESTS, help=MAX_REQUESTS_HELP)
     add("--staging-lease", type=float, default=memory.STAGING_LEASE, help=LEASE_HELP)
+    add("--kv-pool-bytes", type=parse_bytes, default=0, help=KV_POOL_HELP)
     add("--ready-file", type=Path, help="write HOST:PORT here once serving")
     add("--log-level", default="INFO")
     args = parser.parse_args(argv)
@@ -816,8 +994,10 @@ def arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"--secret-file: {err}")
     if overlap := _overlap(args):
         parser.error(overlap)
-    if args.keep < 1 or args.memory_bytes <= args.memory_headroom:
-        parser.error("--keep must be >= 1 and --memory-bytes above --memory-headroom")
+    if args.keep < 1 or args.memory_bytes <= args.memory_headroom + args.kv_pool_bytes:
+        parser.error(
+            "--keep must be >= 1 and --memory-bytes above --memory-headroom plus --kv-pool-bytes"
+        )
     if args.read_timeout <= 0 or args.max_requests < 1 or args.staging_lease <= 0:
         parser.error("--read-timeout, --max-requests and --staging-lease must be positive")
     return args
@@ -838,7 +1018,7 @@ def _overlap(args: argparse.Namespace) -> str:
 
 def build(args: argparse.Namespace) -> Server:
     names.job(args.node)
-    limit = args.memory_bytes - args.memory_headroom
+    limit = args.memory_bytes - args.memory_headroom - args.kv_pool_bytes
     mem = memory.MemoryTier(args.memory_dir, args.node, limit, args.keep, args.staging_lease)
     disk = files.DiskTier(args.data_dir, args.node, args.keep)
     daemon = Daemon(
@@ -849,6 +1029,7 @@ def build(args: argparse.Namespace) -> Server:
         args.peer,
         args.keep,
         persistent_root=args.persistent_root,
+        kv_pool_bytes=args.kv_pool_bytes,
     )
     host, _, port = args.listen.rpartition(":")
     address = (host.strip("[]"), int(port))

@@ -28,6 +28,22 @@ def test_no_job_token_is_the_operator_token(job: str) -> None:
     assert credentials.job_token(SECRET, job) != credentials.operator_token(SECRET)
 
 
+def test_a_service_token_is_never_the_job_token_of_the_same_uid() -> None:
+    uid = "3f1c2a9e-0000-4000-8000-000000000001"
+    assert credentials.service_token(SECRET, uid) != credentials.job_token(SECRET, uid)
+    assert credentials.service_token(SECRET, uid) != credentials.operator_token(SECRET)
+    assert credentials.service_token(SECRET, "a") != credentials.service_token(SECRET, "b")
+
+
+def test_a_scoped_token_is_the_jobs_or_the_services() -> None:
+    assert credentials.scoped_token(SECRET, "job", "x") == credentials.job_token(SECRET, "x")
+    assert credentials.scoped_token(SECRET, "service", "x") == credentials.service_token(
+        SECRET, "x"
+    )
+    with pytest.raises(ValueError, match="scope"):
+        credentials.scoped_token(SECRET, "operator", "x")
+
+
 def test_another_secret_gives_other_tokens() -> None:
     assert credentials.job_token("other", "ml.a") != credentials.job_token(SECRET, "ml.a")
     assert credentials.operator_token("other") != credentials.operator_token(SECRET)

@@ -1,0 +1,152 @@
+"""The inference server's side of the KV-cache pool: puts its KV blocks into its node's daemon
+and looks prefixes up on every daemon of the supernode. Called by a serving engine's prefix
+cache (one client per engine; an adapter turns ``lookup``'s answer into the engine's ``Hit``)::
+
+    pool = KvClient(service_uid, token, ["10.0.0.7:7040", "10.0.0.8:7040", ...])
+    pool.put(block_hash, tokens, kv_bytes)        # to the local daemon; False if not stored
+    pool.lookup(block_hash)                       # (tokens, remote) or None: recompute
+
+The daemons are given the local one first: a lookup asks it, then the others in order (a block
+found there is ``remote``); a put goes to the local one only. The pool is a cache: every failure
+(a daemon refused, reset, timed out or gone, a refusal, a miss) is answered None or False, and
+the caller recomputes the prefix. A daemon that did not answer is skipped for ``retry_after``
+seconds, so a lost node costs one timeout, not one per lookup. The token is the service's
+(``credentials.service_token``): it opens that service's blocks on every daemon, nothing else.
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from urllib.parse import quote
+
+from matrixpool_recovery import errors, kvpool, names, wire
+
+log = logging.getLogger(__name__)
+TIMEOUT = 2.0  # seconds to connect and for each socket operation
+RETRY_AFTER = 5.0  # seconds a daemon that did not answer is skipped
+TOKENS = wire.HEADER + "Tokens"  # header: the tokens of the prefix a block holds
+
+
+@dataclass(frozen=True)
+class Found:
+    """A block found in the pool."""
+
+    tokens: int  # tokens of the prefix the block holds
+    data: bytes  # the KV bytes
+    remote: bool  # held by another node's daemon than the local one
+    address: str  # the daemon that held it
+
+
+@dataclass
+class Stats:
+    """What the client saw, for benchmarks and logs."""
+
+    local_hits: int = 0
+    remote_hits: int = 0
+    misses: int = 0  # lookups that found the block nowhere
+    bytes_fetched: int = 0
+    puts: int = 0  # blocks stored
+    failures: int = 0  # requests that failed: unreachable daemon, refusal, error status
+    down: dict[str, float] = field(default_factory=dict)  # address -> skipped until (clock)
+
+
+class KvClient:
+    """One service's view of the pool over the supernode's daemons, the local one first."""
+
+    def __init__(
+        self,
+        service: str,
+        token: str,
+        daemons: Sequence[str],
+        timeout: float = TIMEOUT,
+        retry_after: float = RETRY_AFTER,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not daemons:
+            raise ValueError("a KV client needs at least its node's daemon")
+        self.service = names.job(service)  # the InferenceService's UID
+        self.endpoints = [wire.Endpoint(a, token, timeout) for a in daemons]  # local first
+        self.retry_after = retry_after
+        self.clock = clock
+        self.stats = Stats()
+
+    def put(self, block_hash: str, tokens: int, data: bytes) -> bool:
+        """Store a block on the local daemon; False when it was not stored (no harm done)."""
+        local = self.endpoints[0]
+        if self._skipped(local):
+            return False
+        meta = {TOKENS: str(tokens)}
+        try:
+            wire.put_shard(local, self._path(block_hash), meta, memoryview(data), len(data))
+        except errors.CheckpointError as err:
+            self._failed(local, err)
+            return False
+        self.stats.puts += 1
+        return True
+
+    def fetch(self, block_hash: str) -> Found | None:
+        """The block from the first daemon that holds it, local first; None: recompute."""
+        path = self._path(block_hash)
+        for index, endpoint in enumerate(self.endpoints):
+            if self._skipped(endpoint):
+                continue
+            try:
+                found = self._get(endpoint, path, remote=index > 0)
+            except errors.NotFoundError:
+                continue
+            except errors.CheckpointError as err:
+                self._failed(endpoint, err)
+                continue
+            if found.remote:
+                self.stats.remote_hits += 1
+            else:
+                self.stats.local_hits += 1
+            self.stats.bytes_fetched += len(found.data)
+            return found
+        self.stats.misses += 1
+        return None
+
+    def lookup(self, block_hash: str) -> tuple[int, bool] | None:
+        """(tokens, remote) of the block, fetched; None when no daemon that answers holds it."""
+        found = self.fetch(block_hash)
+        return None if found is None else (found.tokens, found.remote)
+
+    def down(self) -> list[str]:
+        """Daemons skipped now, having failed to answer."""
+        now = self.clock()
+        return [a for a, until in self.stats.down.items() if until > now]
+
+    def _path(self, block_hash: str) -> str:
+        return f"/v1/kv/{quote(self.service, safe='')}/blocks/{kvpool.block_hash(block_hash)}"
+
+    def _get(self, endpoint: wire.Endpoint, path: str, remote: bool) -> Found:
+        download = wire.get_shard(endpoint, path)
+        try:
+            tokens = int(download.response.getheader(TOKENS, "0"))
+            data = download.response.read()
+        except (OSError, http.client.HTTPException, ValueError) as err:
+            raise errors.DaemonUnreachableError(f"{endpoint.address}: {err!r}") from err
+        finally:
+            download.close()
+        if len(data) != download.size or tokens < 1:
+            raise errors.IntegrityError(f"{endpoint.address}: a partial or malformed KV block")
+        return Found(tokens, data, remote, endpoint.address)
+
+    def _skipped(self, endpoint: wire.Endpoint) -> bool:
+        until = self.stats.down.get(endpoint.address)
+        return until is not None and until > self.clock()
+
+    def _failed(self, endpoint: wire.Endpoint, err: errors.CheckpointError) -> None:
+        """Count the failure; a daemon that did not answer is skipped for a while."""
+        self.stats.failures += 1
+        if isinstance(err, errors.DaemonUnreachableError | errors.IntegrityError):
+            self.stats.down[endpoint.address] = self.clock() + self.retry_after
+            log.warning(
+                "KV pool: %s skipped for %.0f s: %s", endpoint.address, self.retry_after, err
+            )
+        else:  # a refusal or an error status: this request only
+            log.info("KV pool: %s: %s", endpoint.address, err)
