@@ -176,3 +176,26 @@ def test_tier_3_is_mounted_read_only_when_the_jobs_uri_lies_in_the_daemons_share
     pod = pods.manifest(plan(), {}, OWNER, worlds.CARDS, told)
     mounts = {m["mountPath"]: m for m in pod["spec"]["containers"][0]["volumeMounts"]}
     assert mounts["/mnt/shared"]["readOnly"] is True
+
+
+def test_an_inference_pod_is_told_its_role_and_its_own_address() -> None:
+    serving = gangs.PodPlan(
+        "ns", "chat-decode-0-0", model.GangKey("ns/chat/decode/0"), "chat", "InferenceService",
+        "decode", 0, 0, 8,
+    )  # fmt: skip
+    template = {
+        "spec": {
+            "containers": [
+                {
+                    "name": "s",
+                    "image": "matrixpool:1",
+                    "env": [{"name": "MATRIXPOOL_ROLE", "value": "x"}],
+                }
+            ]
+        }
+    }
+    owner = {**OWNER, "kind": "InferenceService", "name": "chat"}
+    env = env_of(pods.manifest(serving, template, owner, "huawei.com/Ascend910"))
+    assert env["MATRIXPOOL_ROLE"] == "decode"
+    assert env["MATRIXPOOL_POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert "MATRIXPOOL_JOB" not in env

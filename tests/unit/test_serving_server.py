@@ -331,6 +331,23 @@ def test_settings_come_from_flags_then_environment(
     assert (args.port, args.role, args.cards, args.drain_seconds) == expected
 
 
+@pytest.mark.parametrize(
+    ("environ", "host", "role"),
+    [
+        ({}, "0.0.0.0", engine.Role.BOTH),
+        ({"MATRIXPOOL_POD_IP": "127.200.0.7", "MATRIXPOOL_ROLE": "prefill"}, "127.200.0.7",
+         engine.Role.PREFILL),
+        ({"MATRIXPOOL_ROLE": "chat"}, "0.0.0.0", engine.Role.BOTH),
+    ],
+    ids=["every address", "the pod's own address", "another role name serves both phases"],
+)  # fmt: skip
+def test_a_pod_binds_its_own_address_and_serves_its_role(
+    environ: dict[str, str], host: str, role: engine.Role
+) -> None:
+    args = entry.parser(environ).parse_args([])
+    assert (args.host, args.role) == (host, role)
+
+
 def test_sigterm_stops_the_server_process() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -480,7 +480,7 @@ class Cluster:
             f"--kubeconfig={kubeconfig}",
             f"--config={STAGES_FILE}",
             f"--manage-nodes-with-annotation-selector={topology.KWOK_ANNOTATION}=fake",
-            "--cidr=10.0.0.1/16",
+            "--cidr=127.200.0.1/16",  # pod IPs on loopback: the sim's pods serve on them
             "--node-ip=10.0.0.1",
             "--node-lease-duration-seconds=40",
             f"--server-address=127.0.0.1:{ports.kwok}",

@@ -21,7 +21,9 @@ are reported as a kubelet reports them: per ``restartPolicy`` the container rest
 Other pods are left to kwok, which only reports them Running. kwok still reports the sim's
 pods Running (and their ``hostIP``) once bound; the sim starts their containers then.
 
-A node that goes NotReadyError or is deleted loses its daemon and its pods' processes at once
+A deleted pod's processes get SIGTERM, and SIGKILL after its grace period if they still run,
+as a kubelet ends them (a server drains meanwhile). A node that goes NotReady or is deleted
+loses its daemon and its pods' processes at once
 (SIGKILL: its memory is gone); when it comes back it gets a fresh, empty daemon. The daemons
 run with the node's tier-1 folder bound at ``--memory-path`` (the chart's
 ``checkpointDaemon.memoryPath``), so the buffer paths they hand out are the ones a pod sees
@@ -65,6 +67,7 @@ RENEWALS_PER_PASS = 8  # Lease renewals per reconciliation at most (32/s: 320 no
 PORT = labels.DAEMON_PORT  # every daemon listens on this port of its node's address (--port)
 CACHE_SECONDS = 10.0  # how long the process kubelet trusts a Secret or ConfigMap it read
 BACKOFF_SECONDS = (1, 2, 4, 8, 10)  # restarts of a container (a kubelet: 10 s doubling to 5 min)
+DEFAULT_GRACE_SECONDS = 30.0  # a pod's terminationGracePeriodSeconds when it sets none
 
 
 @dataclass
@@ -85,6 +88,11 @@ class Process:
         if self.alive():
             self.popen.send_signal(signal.SIGKILL)
         self.popen.wait()
+
+    def terminate(self) -> None:
+        """SIGTERM: the process may finish what it does (a kubelet's first signal)."""
+        if self.alive():
+            self.popen.send_signal(signal.SIGTERM)
 
 
 @dataclass
@@ -115,6 +123,8 @@ class PodRun:
     initialized: bool = False  # every init container exited 0
     ended: bool = False  # phase Succeeded or Failed reported
     waiting: str = ""  # why its containers have not started yet (printed once)
+    grace: float = DEFAULT_GRACE_SECONDS  # spec.terminationGracePeriodSeconds, last seen
+    kill_at: float | None = None  # monotonic: terminating (SIGTERM sent), SIGKILL then
 
     def processes(self) -> list[Process]:
         every = [*self.inits.values(), *self.containers.values()]
@@ -410,11 +420,10 @@ class Sim:
         for uid in list(self.pods):
             pod = by_uid.get(uid)
             run = self.pods[uid]
-            if pod is None or pod["metadata"].get("deletionTimestamp") or run.node not in healthy:
-                for process in run.processes():
-                    process.kill()
-                shutil.rmtree(run.folder, ignore_errors=True)
-                del self.pods[uid]
+            if run.node not in healthy:  # the node is lost, and its processes with it
+                self.end_run(run)
+            elif pod is None or pod["metadata"].get("deletionTimestamp"):
+                self.terminate(run, pod)
         lookup = self.lookup
         lookup.forget()
         for uid, pod in by_uid.items():
@@ -435,12 +444,39 @@ class Sim:
                     self.folder / "pods" / uid,
                 )
             run = self.pods[uid]
+            run.grace = float(
+                pod["spec"].get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS)
+            )
             try:
                 self.run_pod(pod, run, lookup)
             except kubelet.NotReadyError as waiting:
                 if run.waiting != str(waiting):
                     run.waiting = str(waiting)
                     print(f"sim: pod {run.namespace}/{run.name} waits: {waiting}", file=sys.stderr)
+
+    def terminate(self, run: PodRun, pod: dict[str, Any] | None) -> None:
+        """A deleted pod, as a kubelet ends it: SIGTERM to its processes, SIGKILL to what still
+        runs after the grace period (the deletion's, else the pod's own); its folder goes with
+        the last process. kwok removes the Pod object at once, so the processes may outlive it
+        by up to that grace (a kubelet would keep the object until they end)."""
+        now = time.monotonic()
+        if run.kill_at is None:
+            given = (pod or {}).get("metadata", {}).get("deletionGracePeriodSeconds")
+            grace = run.grace if given is None else float(given)
+            run.kill_at = now + grace
+            for process in run.processes():
+                if grace > 0:
+                    process.terminate()
+                else:
+                    process.kill()
+        if now >= run.kill_at or not any(p.alive() for p in run.processes()):
+            self.end_run(run)
+
+    def end_run(self, run: PodRun) -> None:
+        for process in run.processes():
+            process.kill()
+        shutil.rmtree(run.folder, ignore_errors=True)
+        self.pods.pop(run.uid, None)
 
     def run_pod(self, pod: dict[str, Any], run: PodRun, lookup: kubelet.Lookup) -> None:
         """Keep the pod's volume files current, run its init containers one after the other

@@ -142,7 +142,20 @@ def manifest(
         spec.setdefault("restartPolicy", "Never")  # a failed rank is the operator's to recover
         meta.setdefault("annotations", {})[labels.INCARNATION] = str(training.incarnation)
         _give_training_contract(spec, containers[0], training)
+    else:
+        _give_serving_contract(containers[0], plan.role)
     return {"apiVersion": "v1", "kind": "Pod", **pod}
+
+
+def _give_serving_contract(container: dict[str, Any], role: str) -> None:
+    """An inference pod's role and its own address (downward API), where a server binds and
+    the autoscaler reads ``/metrics``. Entries of the template with these names are replaced."""
+    env: dict[str, dict[str, Any]] = {
+        labels.ENV_ROLE: {"value": role},
+        labels.ENV_POD_IP: {"valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+    }
+    kept = [e for e in container.get("env", []) if e.get("name") not in env]
+    container["env"] = kept + [{"name": n, **e} for n, e in env.items()]
 
 
 def owner_reference(owner: Mapping[str, Any]) -> dict[str, Any]:

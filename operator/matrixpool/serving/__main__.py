@@ -3,9 +3,11 @@ matrixpool image runs it in an InferenceService's pods. Serves until SIGTERM or 
 drains: takes no new requests (503 with Retry-After), finishes the accepted ones and exits
 when idle or after --drain-seconds.
 
-Settings come from the flags, else from the pod's environment: MATRIXPOOL_SERVE_PORT,
-MATRIXPOOL_ROLE (prefill, decode or both) and MATRIXPOOL_CARDS (the cards bound to the pod,
-a comma list: the instance has as many cards as it names).
+Settings come from the flags, else from the pod's environment, as the operator sets it:
+MATRIXPOOL_SERVE_PORT, MATRIXPOOL_POD_IP (the pod's address, to bind; else every address),
+MATRIXPOOL_ROLE (prefill or decode; any other role name serves both phases) and
+MATRIXPOOL_CARDS (the cards bound to the pod, a comma list: the instance has as many cards as
+it names).
 """
 
 from __future__ import annotations
@@ -36,13 +38,18 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         default=environ.get("MATRIXPOOL_SERVE_PORT", "8000"),
         help="port to serve on (default: $MATRIXPOOL_SERVE_PORT, else 8000)",
     )
-    parser.add_argument("--host", default="0.0.0.0", help="address to bind (default: all)")
+    parser.add_argument(
+        "--host",
+        default=environ.get("MATRIXPOOL_POD_IP") or "0.0.0.0",
+        help="address to bind (default: $MATRIXPOOL_POD_IP, else all)",
+    )
+    named = environ.get("MATRIXPOOL_ROLE", "both")
     parser.add_argument(
         "--role",
         type=engine.Role,
         choices=list(engine.Role),
-        default=environ.get("MATRIXPOOL_ROLE", "both"),
-        help="what the instance does (default: $MATRIXPOOL_ROLE, else both)",
+        default=named if named in set(engine.Role) else engine.Role.BOTH,
+        help="what the instance does (default: $MATRIXPOOL_ROLE if prefill or decode, else both)",
     )
     parser.add_argument(
         "--cards",
