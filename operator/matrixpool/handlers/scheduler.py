@@ -711,41 +711,20 @@ class Cycle:
     # ---- phase 6: reserve, then bind -----------------------------------------------------------
 
     async def bind(self, bindings: Sequence[Binding]) -> list[Binding]:
-        """Reserve every pod of every gang (a new gang's pods are created reserved), then bind
-        the gangs whose reservations all took; the bindings that went through. What was written
-        is assumed held (handlers.world)."""
+        """Each gang at once, on its own: reserve every pod (a new gang's pods are created
+        reserved), then bind them if every reservation took; the bindings that went through.
+        A gang does not wait for the others' reservations before its Bindings go out. What
+        was written is assumed held (handlers.world)."""
         if not bindings:
             return []
         started = clock.SYSTEM.monotonic()
-        failed: set[model.GangKey] = set()
-        created = await self.create_reserved([b for b in bindings if b.pending.new is not None])
-        reservations = [(b, *r) for b in bindings if b.pending.new is None for r in self.unbound(b)]
-        for _, pod, node, cards in reservations:
-            self.assumed.reserved(pod, node, cards)
-        outcomes = await self.act.reserve(
-            [(p.namespace, p.name, n, labels.format_cards(c)) for _, p, n, c in reservations]
-        )
-        for (b, pod, _, _), outcome in zip(reservations, outcomes, strict=True):
-            if outcome is not None:
-                self.assumed.released(pod)
-                failed.add(b.placement.gang)
-                log.warning("could not reserve", pod=pod.key, error=str(outcome))
-                self.refused(b.pending.workload, b.placement.gang, "reserve", outcome)
-        for b, made in created:
-            if made is None:
-                failed.add(b.placement.gang)
-            else:
-                reservations += [(b, pod, node, cards) for pod, node, cards in made]
-        ready = [r for r in reservations if r[0].placement.gang not in failed]
-        bound = await self.act.bind([(p.namespace, p.name, n) for _, p, n, _ in ready])
-        for (b, pod, node, _), outcome in zip(ready, bound, strict=True):
-            if not self.bound(pod, node, outcome):
-                failed.add(b.placement.gang)
-                self.refused(b.pending.workload, b.placement.gang, "bind", outcome)
+        pods_bound = await asyncio.gather(*(self.bind_gang(b) for b in bindings))
+        failed = {b.placement.gang for b, n in zip(bindings, pods_bound, strict=True) if n is None}
+        reservations = [b.placement.assignments for b in bindings]
         done = [b for b in bindings if b.placement.gang not in failed]
         elapsed = clock.SYSTEM.monotonic() - started
         metrics.BIND_SECONDS.observe(elapsed)
-        metrics.BOUND_PODS.inc(sum(1 for r in ready if r[0].placement.gang not in failed))
+        metrics.BOUND_PODS.inc(sum(n for n in pods_bound if n is not None))
         for b in done:
             nodes = {a.node for a in b.placement.assignments}
             where = sorted({self.supernode_of.get(n, "?") for n in nodes})
@@ -760,10 +739,43 @@ class Cycle:
             "bound gangs",
             gangs=len(done),
             failed=len(failed),
-            pods=len(reservations),
+            pods=sum(len(r) for r in reservations),
             seconds=round(elapsed, 3),
         )
         return done
+
+    async def bind_gang(self, b: Binding) -> int | None:
+        """Reserve, then bind, one gang's pods; how many were bound, or None if the gang
+        failed (a reservation or a Binding refused: the next cycle finishes or undoes it)."""
+        key = b.placement.gang
+        if b.pending.new is not None:
+            [(_, made)] = await self.create_reserved([b])
+            if made is None:
+                return None
+            reservations = made
+        else:
+            reservations = self.unbound(b)
+            for pod, node, cards in reservations:
+                self.assumed.reserved(pod, node, cards)
+            outcomes = await self.act.reserve(
+                [(p.namespace, p.name, n, labels.format_cards(c)) for p, n, c in reservations]
+            )
+            refused = False
+            for (pod, _, _), outcome in zip(reservations, outcomes, strict=True):
+                if outcome is not None:
+                    self.assumed.released(pod)
+                    refused = True
+                    log.warning("could not reserve", pod=pod.key, error=str(outcome))
+                    self.refused(b.pending.workload, key, "reserve", outcome)
+            if refused:
+                return None
+        bound = await self.act.bind([(p.namespace, p.name, n) for p, n, _ in reservations])
+        ok = True
+        for (pod, node, _), outcome in zip(reservations, bound, strict=True):
+            if not self.bound(pod, node, outcome):
+                ok = False
+                self.refused(b.pending.workload, key, "bind", outcome)
+        return len(reservations) if ok else None
 
     async def create_reserved(
         self, bindings: Sequence[Binding]
