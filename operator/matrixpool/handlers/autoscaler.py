@@ -30,6 +30,7 @@ Capacity per replica comes from :mod:`matrixpool.serving.latency` for the role's
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -48,6 +49,8 @@ from matrixpool.timeshare import windows
 log = structlog.get_logger(__name__)
 
 PERIOD_SECONDS = 15.0  # between readings (the HPA's --horizontal-pod-autoscaler-sync-period)
+# Test knob: another period, in seconds (the integration tests' stepped loads are short).
+PERIOD_VARIABLE = "MATRIXPOOL_AUTOSCALER_PERIOD_SECONDS"
 SCRAPE_TIMEOUT_SECONDS = 2.0  # a pod's /metrics that takes longer counts for nothing
 MEAN_CONTEXT_TOKENS = 2048  # a decoding sequence's context, for a decode replica's rate
 PREFILL, DECODE = "prefill", "decode"
@@ -90,9 +93,13 @@ async def run(world: read_model.World, memory: Memory, act: executor.Executor) -
         if state.fresh is not None:
             await decide(world, workload, spec, pods, state, act)
         if now >= state.next_at and not memory.tasks.busy(workload.uid):
-            state.next_at = now + PERIOD_SECONDS
+            state.next_at = now + period()
             urls = {p.uid: f"http://{p.ip}:{spec.autoscaling.metrics_port}/metrics" for p in pods}
             memory.tasks.start(workload.uid, read(urls, state, act))
+
+
+def period() -> float:
+    return float(os.environ.get(PERIOD_VARIABLE) or PERIOD_SECONDS)
 
 
 async def read(urls: Mapping[str, str], state: Service, act: executor.Executor) -> None:
