@@ -13,6 +13,7 @@ import dataclasses
 import itertools
 from collections.abc import Sequence
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import given, settings
@@ -333,3 +334,96 @@ def test_every_accepted_request_gets_all_its_tokens_in_order_within_the_limits(
     admitted = sorted(finished, key=lambda name: (finished[name].admitted_s, int(name[1:])))
     assert admitted == sorted(finished, key=lambda name: int(name[1:]))  # first come first served
     assert instance.idle
+
+
+# --- fast mode (tokens=False) -----------------------------------------------------------------
+def test_fast_mode_emits_only_finished_events_with_every_token_time() -> None:
+    instance = make(tokens=False)
+    instance.submit(request("a"), now=0.0)
+    instance.submit(request("b", output=1), now=0.0)
+    events = instance.advance(1.0)
+    assert all(isinstance(e, Finished) for e in events)
+    assert [e.request_id for e in events] == ["b", "a"]
+    assert timing_of(events, "a").token_s == pytest.approx([0.2, 0.211, 0.222])
+
+
+def test_fast_mode_drops_step_times_no_running_sequence_needs() -> None:
+    """A long request pins its steps; once it is gone, short ones keep the list short."""
+    instance = make(tokens=False, max_batch=1)
+    instance.submit(request("long", prompt=1, output=3 * engine.TRIM_STEPS), now=0.0)
+    for index in range(3):
+        instance.submit(request(f"short{index}", prompt=1, output=2 * engine.TRIM_STEPS), 0.0)
+    events = instance.advance(10_000.0)
+    assert len(timing_of(events, "long").token_s) == 3 * engine.TRIM_STEPS
+    assert len(timing_of(events, "short2").token_s) == 2 * engine.TRIM_STEPS
+    batch = instance._batch
+    assert isinstance(batch, engine._StepBatch)
+    assert len(batch._steps) < 3 * engine.TRIM_STEPS  # not all 9 * TRIM_STEPS - 4 steps
+
+
+CACHE = {"h1": Hit(10, remote=False), "h2": Hit(60, remote=True)}  # "h0" misses
+
+submits = st.tuples(
+    st.just("submit"),
+    st.floats(0, 0.1),  # time since the previous action
+    st.integers(1, 120),  # prompt tokens
+    st.integers(1, 30),  # output tokens
+    st.sampled_from(["h0", "h1", "h2"]),  # prefix hash
+)
+advances = st.tuples(st.just("advance"), st.floats(0, 0.3))
+drains = st.tuples(st.just("drain"))
+actions = st.lists(st.one_of(submits, submits, advances, drains), min_size=1, max_size=40)
+
+
+def act(instance: engine.Engine, action: tuple[Any, ...], now: float, name: str) -> object:
+    """Apply one action at ``now``; what the engine answered."""
+    if action[0] == "submit":
+        _, _, prompt, output, prefix_hash = action
+        return instance.submit(request(name, prompt, output, [prefix_hash]), now)
+    if action[0] == "drain":
+        instance.drain()
+        return None
+    events = instance.advance(now)
+    return [e for e in events if isinstance(e, Finished)], instance.gauges()
+
+
+def observe(instance: engine.Engine) -> tuple[object, ...]:
+    return instance.next_event_time(), instance.idle, instance.draining, instance.gauges()
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    actions=actions,
+    batch=st.integers(1, 5),
+    kv=st.integers(150, 1_500),
+    prefill=st.integers(1, 300),
+    role=st.sampled_from(Role),
+    trim=st.sampled_from([1, 3, engine.TRIM_STEPS]),
+)
+def test_fast_mode_finishes_like_token_mode(
+    actions: list[tuple[Any, ...]], batch: int, kv: int, prefill: int, role: Role, trim: int
+) -> None:
+    """Same requests, advances and drains: the same answers, Finished events (timings
+    included), gauges and next event times; with a context term in the step time, and with
+    the step list trimmed at any length."""
+    model = dataclasses.replace(SIMPLE, attention_share=0.5)
+    pair = [
+        engine.Engine(
+            model=model,
+            role=role,
+            max_batch=batch,
+            kv_capacity_tokens=kv,
+            max_prefill_tokens=prefill,
+            prefix_cache=CACHE.get,
+            tokens=tokens,
+        )
+        for tokens in (True, False)
+    ]
+    now = 0.0
+    with mock.patch.object(engine, "TRIM_STEPS", trim):
+        for index, action in enumerate([*actions, ("advance", 1_000.0)]):
+            now += action[1] if len(action) > 1 else 0.0
+            slow, fast = (act(instance, action, now, f"r{index}") for instance in pair)
+            assert fast == slow
+            assert observe(pair[1]) == observe(pair[0])
+    assert pair[1].idle
