@@ -9,6 +9,7 @@ every 11 ms.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 from collections.abc import Sequence
@@ -338,13 +339,17 @@ def test_every_accepted_request_gets_all_its_tokens_in_order_within_the_limits(
 
 # --- fast mode (tokens=False) -----------------------------------------------------------------
 def test_fast_mode_emits_only_finished_events_with_every_token_time() -> None:
+    """Four requests in one prefill: b finishes with its first token, a and c together (in
+    admission order), d last."""
     instance = make(tokens=False)
-    instance.submit(request("a"), now=0.0)
-    instance.submit(request("b", output=1), now=0.0)
+    for name, output in [("a", 3), ("b", 1), ("c", 3), ("d", 4)]:
+        instance.submit(request(name, output=output), now=0.0)
     events = instance.advance(1.0)
     assert all(isinstance(e, Finished) for e in events)
-    assert [e.request_id for e in events] == ["b", "a"]
-    assert timing_of(events, "a").token_s == pytest.approx([0.2, 0.211, 0.222])
+    assert [e.request_id for e in events] == ["b", "a", "c", "d"]
+    # 400 prompt tokens; then steps of 10 ms + 3 ms (a, c, d), then 10 ms + 1 ms (d)
+    assert timing_of(events, "a").token_s == pytest.approx([0.4, 0.413, 0.426])
+    assert timing_of(events, "d").token_s == pytest.approx([0.4, 0.413, 0.426, 0.437])
 
 
 def test_fast_mode_drops_step_times_no_running_sequence_needs() -> None:
@@ -364,10 +369,11 @@ def test_fast_mode_drops_step_times_no_running_sequence_needs() -> None:
 CACHE = {"h1": Hit(10, remote=False), "h2": Hit(60, remote=True)}  # "h0" misses
 
 submits = st.tuples(
-    st.just("submit"),
+    st.sampled_from(["submit", "submit at a step end"]),
     st.floats(0, 0.1),  # time since the previous action
+    st.integers(0, 30),  # or which of the next token times (of the engine as it stands)
     st.integers(1, 120),  # prompt tokens
-    st.integers(1, 30),  # output tokens
+    st.integers(1, 4) | st.integers(1, 30),  # output tokens (often few: finishes coincide)
     st.sampled_from(["h0", "h1", "h2"]),  # prefix hash
 )
 advances = st.tuples(st.just("advance"), st.floats(0, 0.3))
@@ -377,14 +383,24 @@ actions = st.lists(st.one_of(submits, submits, advances, drains), min_size=1, ma
 
 def act(instance: engine.Engine, action: tuple[Any, ...], now: float, name: str) -> object:
     """Apply one action at ``now``; what the engine answered."""
-    if action[0] == "submit":
-        _, _, prompt, output, prefix_hash = action
+    if action[0].startswith("submit"):
+        _, _, _, prompt, output, prefix_hash = action
         return instance.submit(request(name, prompt, output, [prefix_hash]), now)
     if action[0] == "drain":
         instance.drain()
         return None
     events = instance.advance(now)
     return [e for e in events if isinstance(e, Finished)], instance.gauges()
+
+
+def next_time(instance: engine.Engine, action: tuple[Any, ...], now: float) -> float:
+    """When ``action`` happens: after its delay, or exactly at one of the next token times
+    that a copy of ``instance`` (in token mode) runs to, so arrivals meet step ends."""
+    if action[0] == "submit at a step end":
+        ahead = copy.deepcopy(instance)
+        ends = sorted({e.time for e in ahead.advance(now + 1.0) if e.time > now})
+        return ends[action[2] % len(ends)] if ends else now
+    return now + (action[1] if len(action) > 1 else 0.0)
 
 
 def observe(instance: engine.Engine) -> tuple[object, ...]:
@@ -422,7 +438,7 @@ def test_fast_mode_finishes_like_token_mode(
     now = 0.0
     with mock.patch.object(engine, "TRIM_STEPS", trim):
         for index, action in enumerate([*actions, ("advance", 1_000.0)]):
-            now += action[1] if len(action) > 1 else 0.0
+            now = next_time(pair[0], action, now)
             slow, fast = (act(instance, action, now, f"r{index}") for instance in pair)
             assert fast == slow
             assert observe(pair[1]) == observe(pair[0])

@@ -31,7 +31,8 @@ Two ways to hold the decode batch, chosen by ``Engine(tokens=...)``; both give t
 - ``tokens=False`` (long simulations): no :class:`Token` events. The batch keeps one list of
   decode-step end times, each sequence the index of the step of its second token, a heap of
   sequences by the index of their last step and the batch's context as a running sum, so a
-  step costs O(1) plus O(log n) per sequence that finishes at it. A finished sequence's
+  step costs O(1) plus O(log n) per sequence that finishes at it; the steps that finish nobody
+  and admit nobody run in one tight loop, without an iteration object each. A finished sequence's
   ``token_s`` is its first token and a slice of that list, so :class:`Timing` is the same as
   with tokens. Memory stays bounded: the prefix of the list that no running sequence needs is
   dropped (amortized O(1) a step), so the list holds at most twice the steps since the oldest
@@ -258,9 +259,17 @@ class _StepBatch:
             self._context += sequence.request.prompt_tokens + len(sequence.token_s)
         self._size += len(sequences)
 
-    def step(self, end: float) -> tuple[list[Event], list[_Sequence]]:
+    def quiet_steps(self) -> int:
+        """How many steps from the next one on finish nobody."""
+        return self._last[0][0] - self._base - len(self._steps)
+
+    def step_quietly(self, end: float) -> None:
+        """A decode step that finishes nobody (see :meth:`quiet_steps`)."""
         self._steps.append(end)
         self._context += self._size
+
+    def step(self, end: float) -> tuple[list[Event], list[_Sequence]]:
+        self.step_quietly(end)
         index = self._base + len(self._steps) - 1
         finished: list[_Sequence] = []
         while self._last and self._last[0][0] == index:
@@ -321,7 +330,8 @@ class Engine:
         self._clock = float("-inf")  # the time the engine has been advanced to
         self._free_at = float("-inf")  # end of the last finished iteration
         self._waiting: deque[_Sequence] = deque()
-        self._batch: _Batch = _TokenBatch() if tokens else _StepBatch()  # decoding
+        self._fast = None if tokens else _StepBatch()  # the batch, in fast mode
+        self._batch: _Batch = _TokenBatch() if self._fast is None else self._fast  # decoding
         self._running: list[_Sequence] = []  # decoding, in admission order
         self._current: _Iteration | None = None
         self._kv_reserved = 0
@@ -357,6 +367,8 @@ class Engine:
             if start is None or start > until:
                 break
             self._current = self._plan(start)
+            if self._fast is not None and not self._current.prefill:
+                self._current = self._decode_quietly(self._fast, self._current, until)
         self._clock = max(self._clock, until)
         return events
 
@@ -415,18 +427,22 @@ class Engine:
         computed = 0
         while self._waiting and self._waiting[0].submitted_s <= start:
             sequence = self._waiting[0]
-            need = self._kv_need(sequence.request)
-            slots = self.max_batch - len(self._batch) - len(admitted)
-            if slots < 1 or self._kv_reserved + need > self.kv_capacity_tokens:
+            if not self._fits(sequence, len(admitted)):
                 break
             self._look_up(sequence)
             uncached = sequence.request.prompt_tokens - sequence.cached_tokens
             if admitted and computed + uncached > self.max_prefill_tokens:
                 break
             computed += uncached
-            self._kv_reserved += need
+            self._kv_reserved += self._kv_need(sequence.request)
             admitted.append(self._waiting.popleft())
         return admitted
+
+    def _fits(self, sequence: _Sequence, admitted: int) -> bool:
+        """Whether ``sequence`` has a batch slot and its KV cache, after ``admitted`` others."""
+        slots = self.max_batch - len(self._batch) - admitted
+        need = self._kv_need(sequence.request)
+        return slots >= 1 and self._kv_reserved + need <= self.kv_capacity_tokens
 
     def _look_up(self, sequence: _Sequence) -> None:
         """The prompt tokens the prefix cache holds (longest prefix first) and the time to fetch
@@ -459,6 +475,27 @@ class Engine:
         if self.role is Role.PREFILL:
             return request.prompt_tokens
         return request.prompt_tokens + request.output_tokens
+
+    def _decode_quietly(self, batch: _StepBatch, first: _Iteration, until: float) -> _Iteration:
+        """Fast mode: complete the decode steps from ``first`` on that end by ``until``, finish
+        nobody and are followed by another decode (nobody can be admitted), as :meth:`advance`
+        would, but without its per-iteration work; the step to run next."""
+        start, end = first.start, first.end
+        quiet, blocked = batch.quiet_steps(), self._blocked_until()
+        while quiet > 0 and end <= until and end < blocked:
+            self._busy_done += end - start
+            batch.step_quietly(end)
+            quiet -= 1
+            step = self.model.decode_step_seconds(len(batch), batch.context_tokens, self.cards)
+            start, end = end, end + step
+        return _Iteration(start, end, ())
+
+    def _blocked_until(self) -> float:
+        """While nobody finishes: the first time a decode can give way to an admission (the
+        first waiting request's arrival, or never when it does not fit)."""
+        if not self._waiting or not self._fits(self._waiting[0], 0):
+            return float("inf")
+        return self._waiting[0].submitted_s
 
     # --- completion ---------------------------------------------------------------------------
     def _complete(self, iteration: _Iteration) -> list[Event]:
