@@ -366,6 +366,21 @@ def test_fast_mode_drops_step_times_no_running_sequence_needs() -> None:
     assert len(batch._steps) < 3 * engine.TRIM_STEPS  # not all 9 * TRIM_STEPS - 4 steps
 
 
+def test_fast_mode_keeps_the_steps_of_a_running_sequence_when_a_later_one_finishes() -> None:
+    """b joins while a decodes and finishes first; trimming at every finish spares a's steps."""
+    finished = []
+    with mock.patch.object(engine, "TRIM_STEPS", 1):
+        for tokens in (True, False):
+            instance = make(tokens=tokens)
+            instance.submit(request("a", output=10), now=0.0)
+            instance.advance(0.15)
+            instance.submit(request("b", output=2), now=0.15)
+            finished.append([e for e in instance.advance(10.0) if isinstance(e, Finished)])
+    assert [e.request_id for e in finished[1]] == ["b", "a"]
+    assert finished[1] == finished[0]
+    assert len(timing_of(finished[1], "a").token_s) == 10
+
+
 CACHE = {"h1": Hit(10, remote=False), "h2": Hit(60, remote=True)}  # "h0" misses
 
 submits = st.tuples(
@@ -377,8 +392,7 @@ submits = st.tuples(
     st.sampled_from(["h0", "h1", "h2"]),  # prefix hash
 )
 advances = st.tuples(st.just("advance"), st.floats(0, 0.3))
-drains = st.tuples(st.just("drain"))
-actions = st.lists(st.one_of(submits, submits, advances, drains), min_size=1, max_size=40)
+actions = st.lists(st.one_of(submits, submits, advances), min_size=1, max_size=50)
 
 
 def act(instance: engine.Engine, action: tuple[Any, ...], now: float, name: str) -> object:
@@ -386,9 +400,6 @@ def act(instance: engine.Engine, action: tuple[Any, ...], now: float, name: str)
     if action[0].startswith("submit"):
         _, _, _, prompt, output, prefix_hash = action
         return instance.submit(request(name, prompt, output, [prefix_hash]), now)
-    if action[0] == "drain":
-        instance.drain()
-        return None
     events = instance.advance(now)
     return [e for e in events if isinstance(e, Finished)], instance.gauges()
 
@@ -407,7 +418,7 @@ def observe(instance: engine.Engine) -> tuple[object, ...]:
     return instance.next_event_time(), instance.idle, instance.draining, instance.gauges()
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     actions=actions,
     batch=st.integers(1, 5),
@@ -415,13 +426,20 @@ def observe(instance: engine.Engine) -> tuple[object, ...]:
     prefill=st.integers(1, 300),
     role=st.sampled_from(Role),
     trim=st.sampled_from([1, 3, engine.TRIM_STEPS]),
+    drain_at=st.integers(0, 60),
 )
 def test_fast_mode_finishes_like_token_mode(
-    actions: list[tuple[Any, ...]], batch: int, kv: int, prefill: int, role: Role, trim: int
+    actions: list[tuple[Any, ...]],
+    batch: int,
+    kv: int,
+    prefill: int,
+    role: Role,
+    trim: int,
+    drain_at: int,
 ) -> None:
-    """Same requests, advances and drains: the same answers, Finished events (timings
-    included), gauges and next event times; with a context term in the step time, and with
-    the step list trimmed at any length."""
+    """Same requests, advances and a drain (before action ``drain_at``, if there is one): the
+    same answers, Finished events (timings included), gauges and next event times; with a
+    context term in the step time, and with the step list trimmed at any length."""
     model = dataclasses.replace(SIMPLE, attention_share=0.5)
     pair = [
         engine.Engine(
@@ -439,6 +457,9 @@ def test_fast_mode_finishes_like_token_mode(
     with mock.patch.object(engine, "TRIM_STEPS", trim):
         for index, action in enumerate([*actions, ("advance", 1_000.0)]):
             now = next_time(pair[0], action, now)
+            if index == drain_at:
+                for instance in pair:
+                    instance.drain()
             slow, fast = (act(instance, action, now, f"r{index}") for instance in pair)
             assert fast == slow
             assert observe(pair[1]) == observe(pair[0])

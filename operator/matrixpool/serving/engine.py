@@ -31,8 +31,8 @@ Two ways to hold the decode batch, chosen by ``Engine(tokens=...)``; both give t
 - ``tokens=False`` (long simulations): no :class:`Token` events. The batch keeps one list of
   decode-step end times, each sequence the index of the step of its second token, a heap of
   sequences by the index of their last step and the batch's context as a running sum, so a
-  step costs O(1) plus O(log n) per sequence that finishes at it; the steps that finish nobody
-  and admit nobody run in one tight loop, without an iteration object each. A finished sequence's
+  step costs O(1) plus O(log n) per sequence that finishes at it; the steps up to the next
+  admission run in one tight loop, without an iteration object each. A finished sequence's
   ``token_s`` is its first token and a slice of that list, so :class:`Timing` is the same as
   with tokens. Memory stays bounded: the prefix of the list that no running sequence needs is
   dropped (amortized O(1) a step), so the list holds at most twice the steps since the oldest
@@ -368,7 +368,7 @@ class Engine:
                 break
             self._current = self._plan(start)
             if self._fast is not None and not self._current.prefill:
-                self._current = self._decode_quietly(self._fast, self._current, until)
+                self._current = self._decode_run(self._fast, self._current, until, events)
         self._clock = max(self._clock, until)
         return events
 
@@ -476,16 +476,28 @@ class Engine:
             return request.prompt_tokens
         return request.prompt_tokens + request.output_tokens
 
-    def _decode_quietly(self, batch: _StepBatch, first: _Iteration, until: float) -> _Iteration:
-        """Fast mode: complete the decode steps from ``first`` on that end by ``until``, finish
-        nobody and are followed by another decode (nobody can be admitted), as :meth:`advance`
-        would, but without its per-iteration work; the step to run next."""
+    def _decode_run(
+        self, batch: _StepBatch, first: _Iteration, until: float, events: list[Event]
+    ) -> _Iteration | None:
+        """Fast mode: complete the decode steps from ``first`` on that end by ``until`` and are
+        followed by another decode, as :meth:`advance` would but without its per-iteration work
+        (finished sequences' events go to ``events``); the step to run next, or None when an
+        admission or nothing follows (from ``_free_at``)."""
         start, end = first.start, first.end
         quiet, blocked = batch.quiet_steps(), self._blocked_until()
-        while quiet > 0 and end <= until and end < blocked:
+        while end <= until:
             self._busy_done += end - start
-            batch.step_quietly(end)
-            quiet -= 1
+            self._free_at = end
+            if quiet > 0:
+                batch.step_quietly(end)
+                quiet -= 1
+            else:
+                events.extend(self._finish(batch.step(end)[1]))
+                if not batch:
+                    return None
+                quiet, blocked = batch.quiet_steps(), self._blocked_until()
+            if end >= blocked:
+                return None
             step = self.model.decode_step_seconds(len(batch), batch.context_tokens, self.cards)
             start, end = end, end + step
         return _Iteration(start, end, ())
