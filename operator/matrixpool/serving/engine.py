@@ -236,18 +236,14 @@ class _StepBatch:
     def __init__(self) -> None:
         self._steps: list[float] = []  # end time of each decode step from ``_base`` on
         self._base = 0  # index of ``_steps[0]`` among all decode steps
-        self._size = 0  # sequences decoding
-        self._context = 0  # their prompts and tokens out so far, summed
+        self.size = 0  # sequences decoding
+        self.context_tokens = 0  # their prompts and tokens out so far, summed
         self._last: list[tuple[int, int, _Sequence]] = []  # heap: (last step, join order, seq)
         self._order = itertools.count()  # join order: admission order among equal last steps
         self._joined: deque[_Sequence] = deque()  # joined and maybe finished, in join order
 
     def __len__(self) -> int:
-        return self._size
-
-    @property
-    def context_tokens(self) -> int:
-        return self._context
+        return self.size
 
     def join(self, sequences: Sequence[_Sequence]) -> None:
         second = self._base + len(self._steps)
@@ -256,8 +252,8 @@ class _StepBatch:
             last = second + sequence.request.output_tokens - 2
             heapq.heappush(self._last, (last, next(self._order), sequence))
             self._joined.append(sequence)
-            self._context += sequence.request.prompt_tokens + len(sequence.token_s)
-        self._size += len(sequences)
+            self.context_tokens += sequence.request.prompt_tokens + len(sequence.token_s)
+        self.size += len(sequences)
 
     def quiet_steps(self) -> int:
         """How many steps from the next one on finish nobody."""
@@ -266,7 +262,7 @@ class _StepBatch:
     def step_quietly(self, end: float) -> None:
         """A decode step that finishes nobody (see :meth:`quiet_steps`)."""
         self._steps.append(end)
-        self._context += self._size
+        self.context_tokens += self.size
 
     def step(self, end: float) -> tuple[list[Event], list[_Sequence]]:
         self.step_quietly(end)
@@ -282,8 +278,8 @@ class _StepBatch:
         """``sequence`` has its last token: give it all its token times, take it out."""
         start = sequence.second_step - self._base
         sequence.token_s.extend(self._steps[start : start + sequence.request.output_tokens - 1])
-        self._size -= 1
-        self._context -= sequence.request.prompt_tokens + sequence.request.output_tokens
+        self.size -= 1
+        self.context_tokens -= sequence.request.prompt_tokens + sequence.request.output_tokens
         return sequence
 
     def _trim(self) -> None:
@@ -485,6 +481,7 @@ class Engine:
         admission or nothing follows (from ``_free_at``)."""
         start, end = first.start, first.end
         quiet, blocked = batch.quiet_steps(), self._blocked_until()
+        seconds, cards = self.model.decode_step_seconds, self.cards
         while end <= until:
             self._busy_done += end - start
             self._free_at = end
@@ -498,8 +495,7 @@ class Engine:
                 quiet, blocked = batch.quiet_steps(), self._blocked_until()
             if end >= blocked:
                 return None
-            step = self.model.decode_step_seconds(len(batch), batch.context_tokens, self.cards)
-            start, end = end, end + step
+            start, end = end, end + seconds(batch.size, batch.context_tokens, cards)
         return _Iteration(start, end, ())
 
     def _blocked_until(self) -> float:
