@@ -9,10 +9,12 @@ every 11 ms.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 from collections.abc import Sequence
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import given, settings
@@ -333,3 +335,132 @@ def test_every_accepted_request_gets_all_its_tokens_in_order_within_the_limits(
     admitted = sorted(finished, key=lambda name: (finished[name].admitted_s, int(name[1:])))
     assert admitted == sorted(finished, key=lambda name: int(name[1:]))  # first come first served
     assert instance.idle
+
+
+# --- fast mode (tokens=False) -----------------------------------------------------------------
+def test_fast_mode_emits_only_finished_events_with_every_token_time() -> None:
+    """Four requests in one prefill: b finishes with its first token, a and c together (in
+    admission order), d last."""
+    instance = make(tokens=False)
+    for name, output in [("a", 3), ("b", 1), ("c", 3), ("d", 4)]:
+        instance.submit(request(name, output=output), now=0.0)
+    events = instance.advance(1.0)
+    assert all(isinstance(e, Finished) for e in events)
+    assert [e.request_id for e in events] == ["b", "a", "c", "d"]
+    # 400 prompt tokens; then steps of 10 ms + 3 ms (a, c, d), then 10 ms + 1 ms (d)
+    assert timing_of(events, "a").token_s == pytest.approx([0.4, 0.413, 0.426])
+    assert timing_of(events, "d").token_s == pytest.approx([0.4, 0.413, 0.426, 0.437])
+
+
+def test_fast_mode_drops_step_times_no_running_sequence_needs() -> None:
+    """A long request pins its steps; once it is gone, short ones keep the list short."""
+    instance = make(tokens=False, max_batch=1)
+    instance.submit(request("long", prompt=1, output=3 * engine.TRIM_STEPS), now=0.0)
+    for index in range(3):
+        instance.submit(request(f"short{index}", prompt=1, output=2 * engine.TRIM_STEPS), 0.0)
+    events = instance.advance(10_000.0)
+    assert len(timing_of(events, "long").token_s) == 3 * engine.TRIM_STEPS
+    assert len(timing_of(events, "short2").token_s) == 2 * engine.TRIM_STEPS
+    batch = instance._batch
+    assert isinstance(batch, engine._StepBatch)
+    assert len(batch._steps) < 3 * engine.TRIM_STEPS  # not all 9 * TRIM_STEPS - 4 steps
+
+
+def test_fast_mode_keeps_the_steps_of_a_running_sequence_when_a_later_one_finishes() -> None:
+    """b joins while a decodes and finishes first; trimming at every finish spares a's steps."""
+    finished = []
+    with mock.patch.object(engine, "TRIM_STEPS", 1):
+        for tokens in (True, False):
+            instance = make(tokens=tokens)
+            instance.submit(request("a", output=10), now=0.0)
+            instance.advance(0.15)
+            instance.submit(request("b", output=2), now=0.15)
+            finished.append([e for e in instance.advance(10.0) if isinstance(e, Finished)])
+    assert [e.request_id for e in finished[1]] == ["b", "a"]
+    assert finished[1] == finished[0]
+    assert len(timing_of(finished[1], "a").token_s) == 10
+
+
+CACHE = {"h1": Hit(10, remote=False), "h2": Hit(60, remote=True)}  # "h0" misses
+
+submits = st.tuples(
+    st.sampled_from(["submit", "submit at a step end"]),
+    st.floats(0, 0.1),  # time since the previous action
+    st.integers(0, 30),  # or which of the next token times (of the engine as it stands)
+    st.integers(1, 120),  # prompt tokens
+    st.integers(1, 4) | st.integers(1, 30),  # output tokens (often few: finishes coincide)
+    st.sampled_from(["h0", "h1", "h2"]),  # prefix hash
+)
+advances = st.tuples(st.just("advance"), st.floats(0, 0.3))
+actions = st.lists(st.one_of(submits, submits, advances), min_size=1, max_size=50)
+
+
+def act(instance: engine.Engine, action: tuple[Any, ...], now: float, name: str) -> object:
+    """Apply one action at ``now``; what the engine answered."""
+    if action[0].startswith("submit"):
+        _, _, _, prompt, output, prefix_hash = action
+        return instance.submit(request(name, prompt, output, [prefix_hash]), now)
+    events = instance.advance(now)
+    return [e for e in events if isinstance(e, Finished)], instance.gauges()
+
+
+def next_time(instance: engine.Engine, action: tuple[Any, ...], now: float) -> float:
+    """When ``action`` happens: after its delay, or exactly at one of the next token times
+    that a copy of ``instance`` (in token mode) runs to, so arrivals meet step ends."""
+    if action[0] == "submit at a step end":
+        ahead = copy.deepcopy(instance)
+        ends = sorted({e.time for e in ahead.advance(now + 1.0) if e.time > now})
+        return ends[action[2] % len(ends)] if ends else now
+    return now + (action[1] if len(action) > 1 else 0.0)
+
+
+def observe(instance: engine.Engine) -> tuple[object, ...]:
+    return instance.next_event_time(), instance.idle, instance.draining, instance.gauges()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    actions=actions,
+    batch=st.integers(1, 5),
+    kv=st.integers(150, 1_500),
+    prefill=st.integers(1, 300),
+    role=st.sampled_from(Role),
+    trim=st.sampled_from([1, 3, engine.TRIM_STEPS]),
+    drain_at=st.integers(0, 60),
+)
+def test_fast_mode_finishes_like_token_mode(
+    actions: list[tuple[Any, ...]],
+    batch: int,
+    kv: int,
+    prefill: int,
+    role: Role,
+    trim: int,
+    drain_at: int,
+) -> None:
+    """Same requests, advances and a drain (before action ``drain_at``, if there is one): the
+    same answers, Finished events (timings included), gauges and next event times; with a
+    context term in the step time, and with the step list trimmed at any length."""
+    model = dataclasses.replace(SIMPLE, attention_share=0.5)
+    pair = [
+        engine.Engine(
+            model=model,
+            role=role,
+            max_batch=batch,
+            kv_capacity_tokens=kv,
+            max_prefill_tokens=prefill,
+            prefix_cache=CACHE.get,
+            tokens=tokens,
+        )
+        for tokens in (True, False)
+    ]
+    now = 0.0
+    with mock.patch.object(engine, "TRIM_STEPS", trim):
+        for index, action in enumerate([*actions, ("advance", 1_000.0)]):
+            now = next_time(pair[0], action, now)
+            if index == drain_at:
+                for instance in pair:
+                    instance.drain()
+            slow, fast = (act(instance, action, now, f"r{index}") for instance in pair)
+            assert fast == slow
+            assert observe(pair[1]) == observe(pair[0])
+    assert pair[1].idle
