@@ -1,6 +1,10 @@
 """The load generator against fake completions servers: it records TTFT and TPOT from the
 stream, sends open-loop on a compressed schedule, re-sends a 503 to another URL (retried, not
-failed), counts HTTP errors and dropped connections as failed; and the figures it reports."""
+failed), counts HTTP errors and dropped connections as failed; and the figures it reports.
+Disaggregated, it sends each request to a prefill server for its first token, then to a decode
+server for the rest (also against the real simulated servers). With live URL sets (real time,
+a short refresh), new requests follow the listing, a request waits for an empty set to fill,
+and a refused connection to a server no longer listed is retried elsewhere."""
 
 from __future__ import annotations
 
@@ -10,16 +14,17 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import pytest
-from aiohttp import web
+from aiohttp import abc, web
 from aiohttp.test_utils import TestServer
 
-from matrixpool.serving import loadgen, workload
+from matrixpool.serving import engine, latency, loadgen, server, workload
 
 OK = loadgen.Status.OK
 HTTP_ERROR = loadgen.Status.HTTP_ERROR
@@ -74,13 +79,13 @@ class Fake:
 async def serving(*fakes: Fake) -> AsyncIterator[tuple[str, ...]]:
     """The fakes on local ports, as base URLs."""
     servers = [TestServer(fake.app()) for fake in fakes]
-    for server in servers:
-        await server.start_server()
+    for one in servers:
+        await one.start_server()
     try:
-        yield tuple(f"http://{server.host}:{server.port}" for server in servers)
+        yield tuple(f"http://{one.host}:{one.port}" for one in servers)
     finally:
-        for server in servers:
-            await server.close()
+        for one in servers:
+            await one.close()
 
 
 @dataclass
@@ -119,6 +124,59 @@ def send(
 
 def clock(time: FakeTime | None) -> dict[str, Any]:
     return {} if time is None else {"now": time.now, "sleep": time.sleep}
+
+
+def send_split(
+    prefill: Sequence[Fake],
+    decode: Sequence[Fake],
+    requests: Sequence[workload.Request],
+    **options: Any,
+) -> tuple[list[loadgen.Record], tuple[str, ...], tuple[str, ...]]:
+    """Disaggregated: the records, the prefill URLs and the decode URLs."""
+
+    async def go() -> tuple[list[loadgen.Record], tuple[str, ...], tuple[str, ...]]:
+        async with serving(*prefill) as firsts, serving(*decode) as seconds:
+            sent = loadgen.run(requests, loadgen.Options(firsts, seconds, **options))
+            return await asyncio.wait_for(sent, timeout=30), firsts, seconds
+
+    return asyncio.run(go())
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port  # free once closed: nothing listens there
+
+
+async def until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
+    """Poll ``condition`` until it holds; fail after ``seconds``."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "the condition never held"
+        await asyncio.sleep(0.005)
+
+
+@dataclass
+class Listing:
+    """A live URL source the test changes; counts how often the load generator read it."""
+
+    urls: tuple[str, ...] = ()
+    decode_urls: tuple[str, ...] = ()
+    reads: int = 0
+
+    def __call__(self) -> loadgen.UrlSets:
+        self.reads += 1
+        return self.urls, self.decode_urls
+
+    async def relist(self, urls: tuple[str, ...], decode_urls: tuple[str, ...] = ()) -> None:
+        """List these, and return once the load generator has read them."""
+        self.urls, self.decode_urls = urls, decode_urls
+        seen = self.reads
+        await until(lambda: self.reads > seen)
+
+
+REFRESH_S = 0.01
 
 
 # --- streaming -------------------------------------------------------------------------------
@@ -214,9 +272,7 @@ def test_a_dropped_connection_is_failed_and_keeps_the_tokens_seen() -> None:
 
 
 def test_a_refused_connection_is_failed() -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]  # free once closed: nothing listens there
+    port = free_port()
 
     async def go() -> list[loadgen.Record]:
         return await loadgen.run([request(0)], loadgen.Options((f"http://127.0.0.1:{port}",)))
@@ -227,6 +283,271 @@ def test_a_refused_connection_is_failed() -> None:
         None,
         None,
     )
+
+
+# --- disaggregated: prefill, then decode -----------------------------------------------------
+def test_a_disaggregated_request_has_its_first_token_from_prefill_and_the_rest_from_decode() -> (
+    None
+):
+    prefill = Fake("stream", first_token_s=0.2)
+    decode = Fake("stream", first_token_s=0.3, gap_s=0.1)  # 0.3 s: the KV coming over
+    [record], [prefill_url], [decode_url] = send_split([prefill], [decode], [request(5, tokens=4)])
+    body = {"model": "matrixpool-sim", "prompt": [5, 7, 7, 7], "stream": True}
+    assert prefill.bodies == [{**body, "max_tokens": 1}]
+    assert decode.bodies == [{**body, "max_tokens": 4}]
+    assert (record.status, record.tokens, record.retried) == (OK, 4, 0)
+    assert (record.prefill_url, record.url, record.failed_leg) == (prefill_url, decode_url, None)
+    ttft, tpot = record.ttft, record.tpot
+    assert ttft is not None
+    assert ttft >= 0.2  # the prefill's token
+    # The decode was sent after it: its first chunk (0.3 s) is skipped, its second 0.1 s later.
+    assert record.token_gaps[0] >= 0.4
+    assert tpot == pytest.approx(sum(record.token_gaps) / 3)
+
+
+def test_a_one_token_request_still_goes_to_decode_and_has_one_token() -> None:
+    prefill, decode = Fake("stream"), Fake("stream")
+    [record], _, _ = send_split([prefill], [decode], [request(0, tokens=1)])
+    assert (record.status, record.tokens, record.tpot) == (OK, 1, None)
+    assert [b["max_tokens"] for b in prefill.bodies + decode.bodies] == [1, 1]
+
+
+def test_disaggregated_against_the_simulated_prefill_and_decode_servers() -> None:
+    model = latency.DEFAULT.scaled(20.0)
+
+    def app(role: engine.Role) -> web.Application:
+        return server.create_app(engine.Engine(model=model, role=role), model_name="m")
+
+    def generated(one: web.Application) -> float | None:
+        registry = one[server.STATE].metrics.registry
+        return registry.get_sample_value("vllm:generation_tokens_total", {"model_name": "m"})
+
+    async def go() -> list[loadgen.Record]:
+        prefill, decode = TestServer(app(engine.Role.PREFILL)), TestServer(app(engine.Role.DECODE))
+        for one in (prefill, decode):
+            await one.start_server()
+        try:
+            urls = tuple(f"http://{one.host}:{one.port}" for one in (prefill, decode))
+            options = loadgen.Options(urls[:1], urls[1:], model="m")
+            requests = [request(i, at=i * 0.01, tokens=6) for i in range(3)]
+            records = await asyncio.wait_for(loadgen.run(requests, options), timeout=30)
+            assert [r.prefill_url for r in records] == [urls[0]] * 3
+            assert [r.url for r in records] == [urls[1]] * 3
+            assert (generated(prefill.app), generated(decode.app)) == (3, 18)
+            return records
+        finally:
+            for one in (prefill, decode):
+                await one.close()
+
+    records = asyncio.run(go())
+    assert [(r.status, r.tokens) for r in records] == [(OK, 6)] * 3
+    for record in records:
+        assert record.ttft is not None
+        assert record.tpot is not None
+        assert record.ttft > 0
+        assert record.tpot > 0
+        assert record.first_token_at is not None
+        assert record.sent_at < record.first_token_at
+
+
+def test_a_503_on_the_decode_leg_is_retried_on_another_decode_url() -> None:
+    prefill, draining, decoding = Fake("stream"), Fake("drain"), Fake("stream")
+    [record], _, decode_urls = send_split([prefill], [draining, decoding], [request(0)])
+    assert (record.status, record.tokens, record.retried) == (OK, 3, 1)
+    assert record.url == decode_urls[1]
+    assert [len(f.bodies) for f in (prefill, draining, decoding)] == [1, 1, 1]
+
+
+@pytest.mark.parametrize(
+    ("prefill", "decode", "leg", "status", "tokens", "decode_bodies"),
+    [
+        pytest.param("error", "stream", loadgen.Leg.PREFILL, HTTP_ERROR, 0, 0, id="prefill 500"),
+        pytest.param("drain", "stream", loadgen.Leg.PREFILL, HTTP_ERROR, 0, 0, id="prefill 503s"),
+        pytest.param("stream", "error", loadgen.Leg.DECODE, HTTP_ERROR, 1, 1, id="decode 500"),
+        pytest.param("stream", "drop", loadgen.Leg.DECODE, CONNECTION_ERROR, 1, 1, id="a drop"),
+    ],
+)
+def test_a_failure_of_either_leg_fails_the_request(
+    prefill: str,
+    decode: str,
+    leg: loadgen.Leg,
+    status: loadgen.Status,
+    tokens: int,
+    decode_bodies: int,
+) -> None:
+    decoding = Fake(decode)
+    [record], _, _ = send_split(
+        [Fake(prefill)], [decoding], [request(0)], max_retries=1, retry_wait_cap_s=0.0
+    )
+    assert (record.status, record.failed_leg, record.tokens) == (status, leg, tokens)
+    assert len(decoding.bodies) == decode_bodies  # a failed prefill sends no decode
+    summary = loadgen.summarize([record])
+    assert (summary.failed, summary.prefill_failures, summary.decode_failures) == (
+        1,
+        leg is loadgen.Leg.PREFILL,
+        leg is loadgen.Leg.DECODE,
+    )
+
+
+# --- live URL sets ---------------------------------------------------------------------------
+def test_a_changed_listing_takes_new_requests_and_lets_those_in_flight_finish() -> None:
+    async def go() -> list[loadgen.Record]:
+        hold = asyncio.Event()
+        old, new = Fake("stream", hold=hold), Fake("stream")
+        async with serving(old, new) as (old_url, new_url):
+            listing = Listing((old_url,))
+            requests = [request(0, at=0.0), request(1, at=1.0)]
+            sending = asyncio.create_task(
+                loadgen.run(
+                    requests, loadgen.Options((old_url,)), urls=listing, refresh_s=REFRESH_S
+                )
+            )
+            await until(lambda: len(old.bodies) == 1)  # request 0 in flight to old, held
+            await listing.relist((new_url,))  # old goes (its pod is deleted: draining)
+            await until(lambda: len(new.bodies) == 1)  # request 1, due at 1 s, to new
+            hold.set()
+            records = await asyncio.wait_for(sending, timeout=30)
+            assert [r.url for r in records] == [old_url, new_url]
+            assert len(old.bodies) == 1
+            return records
+
+    records = asyncio.run(go())
+    assert [(r.status, r.retried) for r in records] == [(OK, 0), (OK, 0)]
+
+
+def test_a_request_waits_for_an_empty_listing_to_fill() -> None:
+    async def go() -> loadgen.Record:
+        fake = Fake("stream")
+        async with serving(fake) as (url,):
+            listing = Listing()  # no server yet
+            options = loadgen.Options((url,))
+            sending = asyncio.create_task(
+                loadgen.run([request(0)], options, urls=listing, refresh_s=REFRESH_S)
+            )
+            await until(lambda: listing.reads >= 5)  # four refreshes, and still none listed
+            assert not fake.bodies
+            assert not sending.done()
+            await listing.relist((url,))
+            [record] = await asyncio.wait_for(sending, timeout=30)
+            return record
+
+    record = asyncio.run(go())
+    assert (record.status, record.tokens, record.retried) == (OK, 3, 0)
+    assert record.ttft is not None
+    assert record.ttft >= 4 * REFRESH_S  # it waited while none was listed
+
+
+def test_a_decode_leg_waits_for_a_decode_server_to_be_listed() -> None:
+    async def go() -> loadgen.Record:
+        prefill, decode = Fake("stream"), Fake("stream")
+        async with serving(prefill, decode) as (prefill_url, decode_url):
+            listing = Listing((prefill_url,))
+            options = loadgen.Options((prefill_url,), (decode_url,))
+            sending = asyncio.create_task(
+                loadgen.run([request(0)], options, urls=listing, refresh_s=REFRESH_S)
+            )
+            await until(lambda: len(prefill.bodies) == 1 and listing.reads >= 5)
+            assert not decode.bodies
+            await listing.relist((prefill_url,), (decode_url,))
+            [record] = await asyncio.wait_for(sending, timeout=30)
+            return record
+
+    record = asyncio.run(go())
+    assert (record.status, record.tokens, record.failed_leg) == (OK, 3, None)
+
+
+def test_a_request_fails_once_no_url_was_listed_for_url_wait_s() -> None:
+    async def go() -> list[loadgen.Record]:
+        options = loadgen.Options(("http://127.0.0.1:1",), url_wait_s=0.05)
+        sent = loadgen.run([request(0)], options, urls=Listing(), refresh_s=REFRESH_S)
+        return await asyncio.wait_for(sent, timeout=30)
+
+    [record] = asyncio.run(go())
+    assert (record.status, record.url, record.http_status) == (CONNECTION_ERROR, "", None)
+    assert "no URL listed" in record.error
+    assert loadgen.summarize([record]).connection_errors == 1
+
+
+class HeldResolver(abc.AbstractResolver):
+    """Resolves every host name to ``port`` on this machine, once the test says ``go``: a
+    connection attempt the test holds between choosing the URL and being refused."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.asked = asyncio.Event()
+        self.go = asyncio.Event()
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[abc.ResolveResult]:
+        self.asked.set()
+        await self.go.wait()
+        flags = socket.AI_NUMERICHOST
+        return [{"hostname": host, "host": "127.0.0.1", "port": self.port, "family": family,
+                 "proto": 0, "flags": flags}]  # fmt: skip
+
+    async def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("still_listed", "status", "retried"),
+    [
+        pytest.param(False, OK, 1, id="unlisted meanwhile: retried elsewhere, not failed"),
+        pytest.param(True, CONNECTION_ERROR, 0, id="still listed: failed"),
+    ],
+)
+def test_a_refused_connection_to_a_url_no_longer_listed_is_retried(
+    still_listed: bool, status: loadgen.Status, retried: int
+) -> None:
+    async def go() -> loadgen.Record:
+        fake, resolver = Fake("stream"), HeldResolver(free_port())
+        deleted = "http://deleted-pod:8000"  # resolved by the resolver: refused
+        connector = aiohttp.TCPConnector(limit=0, resolver=resolver, use_dns_cache=False)
+        async with serving(fake) as (url,), aiohttp.ClientSession(connector=connector) as session:
+            listing = Listing((deleted,))
+            sending = asyncio.create_task(
+                loadgen.run(
+                    [request(0)],
+                    loadgen.Options((deleted,)),
+                    urls=listing,
+                    refresh_s=REFRESH_S,
+                    session=session,
+                )
+            )
+            await asyncio.wait_for(resolver.asked.wait(), timeout=10)  # connecting to it
+            await listing.relist((deleted, url) if still_listed else (url,))
+            resolver.go.set()
+            [record] = await asyncio.wait_for(sending, timeout=30)
+            assert record.url == (deleted if still_listed else url)
+            return record
+
+    record = asyncio.run(go())
+    assert (record.status, record.retried) == (status, retried)
+    assert loadgen.summarize([record]).failed == (status is not OK)
+
+
+def test_the_router_sends_nothing_new_to_an_unlisted_url_and_forgets_it_when_idle() -> None:
+    router = loadgen.Router(["a", "b"], loadgen.Policy.ROUND_ROBIN, FakeTime().now)
+    assert router.choose(set()) == "a"
+    router.started("a")
+    router.draining("b", 5.0)
+    router.update(["b", "c"])
+    assert router.urls == ("b", "c")
+    assert [router.choose(set()) for _ in range(3)] == ["c", "c", "c"]  # b still draining
+    assert router.outstanding == {"a": 1, "b": 0, "c": 0}  # a: one still in flight
+    router.ended("a")
+    assert router.outstanding == {"b": 0, "c": 0}
+    router.update([])
+    assert router.choose(set()) is None
+
+
+def test_a_refresh_interval_of_zero_is_refused() -> None:
+    async def go() -> None:
+        await loadgen.run([], loadgen.Options(("a",)), urls=Listing(), refresh_s=0.0)
+
+    with pytest.raises(ValueError, match="refresh_s"):
+        asyncio.run(go())
 
 
 # --- choosing a URL --------------------------------------------------------------------------
@@ -265,6 +586,8 @@ def test_draining_urls_are_used_when_no_other_is_left() -> None:
         pytest.param({"urls": ("a", "a")}, id="a URL twice"),
         pytest.param({"urls": ("a",), "time_scale": 0.0}, id="a time scale of zero"),
         pytest.param({"urls": ("a",), "max_retries": -1}, id="negative retries"),
+        pytest.param({"urls": ("a",), "decode_urls": ("b", "b")}, id="a decode URL twice"),
+        pytest.param({"urls": ("a",), "url_wait_s": -1.0}, id="a negative wait for a URL"),
     ],
 )
 def test_options_out_of_range_are_refused(options: dict[str, Any]) -> None:
@@ -368,6 +691,21 @@ def test_the_command_line_prints_a_json_summary_last(capsys: pytest.CaptureFixtu
     summary = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert summary["sent"] == len(fake.bodies) > 100  # about 200 at 20 rps for 10 s
     assert (summary["ok"], summary["failed"], summary["attainment"]) == (summary["sent"], 0, 1.0)
+
+
+def test_the_command_line_sends_disaggregated_with_decode_urls(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    prefill, decode = Fake("stream"), Fake("stream")
+    with fake_in_a_thread(prefill) as prefill_url, fake_in_a_thread(decode) as decode_url:
+        load = "--pattern constant --rate 20 --seconds 2 --time-scale 20"
+        lengths = "--prompt-median 8 --output-median 3"
+        argv = ["--url", prefill_url, "--decode-url", decode_url, *f"{load} {lengths}".split()]
+        assert loadgen.main([*argv, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert summary["sent"] == summary["ok"] == len(prefill.bodies) == len(decode.bodies) > 10
+    assert {body["max_tokens"] for body in prefill.bodies} == {1}
+    assert summary["decode_failures"] == summary["prefill_failures"] == 0
 
 
 def test_the_module_runs_with_help() -> None:
