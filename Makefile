@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv binaries crds crds-check lint typecheck imports helm-lint unit integration chaos e2e image real-nodes torch peers scale test demo clean
+.PHONY: venv binaries crds crds-check lint typecheck imports helm-lint unit integration chaos e2e image real-nodes torch peers scale serving test demo clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -79,6 +79,11 @@ peers: venv binaries
 # cycle p50/p99, operator RSS, API requests/s, node-fault detection and recovery. Not in `test`.
 scale: venv binaries
 	$(BIN)/python benchmarks/scale.py --json
+
+# One day of load on one InferenceService, sized fixed / by the window / by the autoscaler, and
+# the KV-cache pool on shared prefixes (benchmarks/serving.py; simulated time, a few minutes):
+serving: venv
+	$(BIN)/python benchmarks/serving.py --json
 
 test: lint typecheck imports crds-check helm-lint unit integration checkpoint chaos e2e torch real-nodes
 

@@ -660,6 +660,7 @@ def test_a_smaller_window_cap_applies_at_once() -> None:
     recommendations, decisions = run(PD, [busy] * 5, caps=caps)
     assert [d.replicas for d in decisions] == [running(4, 8)] * 3 + [running(2, 4)] * 2
     assert "the window cap applies at once" in decisions[3].reasons
+    assert decisions[3].limited_by == ("window cap",)
     assert recommendations[3].limited_by == ("window cap",)
 
 

@@ -295,6 +295,29 @@ def test_stopping_drains_then_closes_the_port() -> None:
     asyncio.run(main())
 
 
+def test_a_stopping_server_lingers_answering_503_before_it_closes() -> None:
+    """A client whose list still names the pod is sent elsewhere (503), not refused, for the
+    linger time after SIGTERM, even when nothing was in flight."""
+
+    async def main() -> None:
+        runner = await server.start(fast_app(), "127.0.0.1", 0)
+        host, port = runner.addresses[0][:2]
+        url = f"http://{host}:{port}/v1/completions"
+        stopping = asyncio.create_task(
+            server.drain_and_stop(runner, drain_seconds=10, linger_seconds=0.5)
+        )
+        await asyncio.sleep(0.1)
+        async with aiohttp.ClientSession() as session:
+            answer = await session.post(url, json=body())
+            assert answer.status == 503
+            assert answer.headers["Retry-After"]
+            assert await stopping
+            with pytest.raises(aiohttp.ClientConnectionError):
+                await session.post(url, json=body())
+
+    asyncio.run(main())
+
+
 # --- the entry point --------------------------------------------------------------------------
 def test_help_works(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
@@ -354,6 +377,7 @@ def test_sigterm_stops_the_server_process() -> None:
         port = probe.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'operator'}"}
     command = [sys.executable, "-m", "matrixpool.serving", "--host", "127.0.0.1"]
+    command += ["--linger-seconds", "0"]
     process = subprocess.Popen(
         [*command, "--port", str(port)], env=env, stderr=subprocess.PIPE, text=True
     )

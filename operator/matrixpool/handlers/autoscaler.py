@@ -153,7 +153,8 @@ async def decide(
         mode=mode,
         roles=shape.role_replicas(decision.prefill, decision.decode),
         reasons=[r[:256] for r in reasons],
-        limited_by=", ".join(advice.limited_by)[:63] or None,
+        limited_by=", ".join(dict.fromkeys((*advice.limited_by, *decision.limited_by)))[:63]
+        or None,
         time=clock.SYSTEM.now(),
     )
     await act.patch_status(

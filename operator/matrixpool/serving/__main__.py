@@ -64,6 +64,13 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         help="after SIGTERM, how long accepted requests may take to finish (default: 30)",
     )
     parser.add_argument(
+        "--linger-seconds",
+        type=float,
+        default=5.0,
+        help="after SIGTERM, keep answering 503 at least this long, so that clients still "
+        "listing this pod go elsewhere rather than find it closed (default: 5)",
+    )
+    parser.add_argument(
         "--model-name", default="matrixpool-sim", help="the model_name label of the metrics"
     )
     parser.add_argument(
@@ -101,7 +108,7 @@ async def _serve(instance: engine.Engine, args: argparse.Namespace) -> bool:
     log.info("serving on %s", runner.addresses)
     await stop.wait()
     log.info("draining, for at most %.0f s", args.drain_seconds)
-    drained = await server.drain_and_stop(runner, args.drain_seconds)
+    drained = await server.drain_and_stop(runner, args.drain_seconds, args.linger_seconds)
     log.info("stopped: %s", "every request finished" if drained else "the drain timed out")
     return drained
 

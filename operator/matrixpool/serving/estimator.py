@@ -623,6 +623,7 @@ class Decision:
     prefill: int  # prefill replicas to run
     decode: int  # decode replicas to run
     reasons: tuple[str, ...]  # per role: held, scaled up at once, or scale-down waiting
+    limited_by: tuple[str, ...] = ()  # a card limit that cut what the history held
 
     @property
     def replicas(self) -> Replicas:
@@ -666,10 +667,12 @@ class Stabilizer:
         stable = bounds.clamp(stabilise(current, desired, ceiling))
         reasons += _waiting(current, desired, stable, self.scale_down_window_s)
         stable = keep_ratio(stable, bounds)
+        limited: tuple[str, ...] = ()
         if not recommendation.limits.fits(stable):
             stable = bounds.clamp(stable.meet(recommendation.replicas))
             reasons.append(f"the {recommendation.limits.cards_label} applies at once")
-        decision = Decision(stable.prefill, stable.decode, tuple(reasons))
+            limited = (recommendation.limits.cards_label,)
+        decision = Decision(stable.prefill, stable.decode, tuple(reasons), limited)
         return replace(self, history=history), decision
 
 

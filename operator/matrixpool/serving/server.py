@@ -395,12 +395,21 @@ async def start(app: web.Application, host: str, port: int) -> web.AppRunner:
     return runner
 
 
-async def drain_and_stop(runner: web.AppRunner, drain_seconds: float) -> bool:
+async def drain_and_stop(
+    runner: web.AppRunner, drain_seconds: float, linger_seconds: float = 0.0
+) -> bool:
     """Drain, wait up to ``drain_seconds`` for the accepted requests to finish, then stop
-    serving; True when they all finished."""
+    serving; True when they all finished. The port stays open (answering 503) for at least
+    ``linger_seconds``: clients whose list of servers still names this one are told to go
+    elsewhere instead of being refused (a pod's endpoints go some time after its SIGTERM)."""
     serving = runner.app[STATE]
     serving.drain()
+    started = asyncio.get_running_loop().time()
     try:
-        return await serving.wait_idle(drain_seconds)
+        drained = await serving.wait_idle(drain_seconds)
+        left = linger_seconds - (asyncio.get_running_loop().time() - started)
+        if left > 0:
+            await asyncio.sleep(left)
+        return drained
     finally:
         await runner.cleanup()
