@@ -116,7 +116,7 @@ COLUMNS = [
     ("TrainingJob columns tell phase and gang size", "TrainingJob",
      ["Phase", "SuperNode", "Desired", "Bound", "Running", "Cards/Replica", "Age"]),
     ("InferenceService columns tell readiness per role", "InferenceService",
-     ["SuperNode", "Ready", "Roles", "Age"]),
+     ["SuperNode", "Ready", "Roles", "Autoscaled", "Age"]),
 ]
 # fmt: on
 

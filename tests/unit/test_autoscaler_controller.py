@@ -134,6 +134,7 @@ async def test_a_heavy_prompt_load_asks_for_the_most_prefill_the_range_allows(
     assert roles["prefill"] == 8  # the role's replicas: the person's ceiling
     assert 1 <= roles["decode"] <= 4
     assert written["mode"] == "Auto"
+    assert written["summary"] == f"prefill 8, decode {roles['decode']}"
     assert any("prefill" in reason for reason in written["reasons"])
     assert act.reasons("chat") == ["Scaled"]
 

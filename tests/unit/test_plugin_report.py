@@ -226,6 +226,15 @@ def test_jobs_counts_a_services_pods_and_reads_ready_from_its_condition() -> Non
     assert row == report.JobRow("InferenceService", "ns", "chat", "Ready", "sn-0", 16, 2, 1, 1)
 
 
+def test_jobs_shows_the_autoscalers_replicas_and_marks_advice() -> None:
+    advice = {"mode": "Advisory", "summary": "prefill 3, decode 1", "time": "2026-12-01T08:00:00Z"}
+    [advisory] = report.job_rows([], [inference_service("chat", recommendation=advice)], [])
+    applied = {**advice, "mode": "Auto"}
+    [auto] = report.job_rows([], [inference_service("chat", recommendation=applied)], [])
+    assert advisory.autoscaled == "prefill 3, decode 1 (advice)"
+    assert auto.autoscaled == "prefill 3, decode 1"
+
+
 def test_jobs_puts_training_before_inference_and_a_fresh_service_is_not_ready() -> None:
     rows = report.job_rows([training_job("z")], [inference_service("a")], [])
     assert [(r.kind, r.phase, r.desired) for r in rows] == [

@@ -265,6 +265,8 @@ class Recommendation(common.ApiModel):
         default_factory=list, max_length=16
     )
     """The factors that drove it, one sentence each."""
+    summary: str | None = Field(default=None, max_length=256)
+    """The replicas at a glance, e.g. "prefill 3, decode 1" (kubectl get column Autoscaled)."""
     limited_by: str | None = Field(default=None, max_length=63)
     """What held it below the load's need (e.g. window cap, free cards), if anything."""
     time: datetime
@@ -370,6 +372,15 @@ RESOURCE = common.Resource(
         ),
         common.PrinterColumn("Ready", "string", _READY, "Ready condition"),
         common.PrinterColumn("Roles", "string", ".status.roleSummary", "Ready/wanted per role"),
+        common.PrinterColumn(
+            "Autoscaled",
+            "string",
+            ".status.recommendation.summary",
+            "The autoscaler's replicas per role (Auto: served; Advisory: advice)",
+        ),
+        common.PrinterColumn(
+            "Mode", "string", ".spec.autoscaling.mode", "Autoscaling mode", priority=1
+        ),
         common.PrinterColumn(
             "Priority", "integer", ".spec.priority", "Scheduling priority", priority=1
         ),

@@ -149,9 +149,11 @@ async def decide(
     if wanted in (state.written, shape.shown(workload)):
         return
     reasons = [*advice.reasons, *decision.reasons][:16]
+    roles = shape.role_replicas(decision.prefill, decision.decode)
     status = inferenceservice.Recommendation(
         mode=mode,
-        roles=shape.role_replicas(decision.prefill, decision.decode),
+        roles=roles,
+        summary=", ".join(f"{r.name} {r.replicas}" for r in roles),
         reasons=[r[:256] for r in reasons],
         limited_by=", ".join(dict.fromkeys((*advice.limited_by, *decision.limited_by)))[:63]
         or None,
@@ -164,10 +166,9 @@ async def decide(
         {"recommendation": common.to_wire(status)},
     )
     state.written = wanted
-    summary = ", ".join(f"{r.name} {r.replicas}" for r in status.roles)
     kind = "Scaled" if mode == inferenceservice.AutoscalingMode.AUTO else "Recommended"
-    act.event(workload.ref, "Normal", kind, f"{summary}: {'; '.join(reasons[:3])}")
-    log.info("autoscaler", service=workload.key, mode=str(mode), replicas=summary)
+    act.event(workload.ref, "Normal", kind, f"{status.summary}: {'; '.join(reasons[:3])}")
+    log.info("autoscaler", service=workload.key, mode=str(mode), replicas=status.summary)
 
 
 @dataclass(frozen=True)

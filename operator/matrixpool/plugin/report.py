@@ -100,6 +100,7 @@ class JobRow:
     desired: int  # pods wanted now
     bound: int  # pods bound to a node
     running: int  # pods running
+    autoscaled: str = ""  # a service's status.recommendation at a glance; "" without one
 
 
 @dataclass(frozen=True)
@@ -304,7 +305,16 @@ def _inference_row(body: Obj, pods: list[Obj]) -> JobRow:
         desired=_desired_pods(service),
         bound=sum(1 for p in own if (p.get("spec") or {}).get("nodeName")),
         running=sum(1 for p in own if (p.get("status") or {}).get("phase") == "Running"),
+        autoscaled=_autoscaled(status.recommendation),
     )
+
+
+def _autoscaled(advice: inferenceservice.Recommendation | None) -> str:
+    """``"prefill 3, decode 1"``; ``(advice)`` after it in Advisory mode."""
+    if advice is None or not advice.summary:
+        return ""
+    advisory = advice.mode == inferenceservice.AutoscalingMode.ADVISORY
+    return f"{advice.summary} (advice)" if advisory else advice.summary
 
 
 def _desired_pods(service: inferenceservice.InferenceService) -> int:
