@@ -83,7 +83,8 @@ scale: venv binaries
 # One day of load on one InferenceService, sized fixed / by the window / by the autoscaler, and
 # the KV-cache pool on shared prefixes (benchmarks/serving.py; simulated time, a few minutes):
 serving: venv
-	$(BIN)/python benchmarks/serving.py --json
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	$(BIN)/python benchmarks/serving.py --json --png docs/img/serving.png
 
 test: lint typecheck imports crds-check helm-lint unit integration checkpoint chaos e2e torch real-nodes
 

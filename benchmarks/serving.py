@@ -1,7 +1,7 @@
 """Serving: one day of load on one disaggregated InferenceService, sized three ways, in
 simulated time — SLO attainment and card-hours of each.
 
-    .venv/bin/python benchmarks/serving.py --json
+    .venv/bin/python benchmarks/serving.py --json --png docs/img/serving.png
 
 The three ways, on the same requests (one seed):
 
@@ -49,6 +49,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from matrixpool.api import supernode
@@ -322,7 +323,7 @@ def factors_of(fleet: Fleet, seconds: float, now: float) -> estimator.Factors:
     kv = [i.engine.gauges().kv_usage for i in decoders]
     busy, cards = 0.0, 0
     for instance in fleet.live():
-        if instance.ready_s <= now:
+        if instance.ready_s <= now and instance.role == "prefill":
             spent = instance.engine.gauges().busy_seconds
             busy += (spent - instance.busy_mark) * instance.cards
             cards += instance.cards
@@ -606,6 +607,36 @@ def prefix_figures(seed: int) -> dict[str, Any]:
     }
 
 
+def write_png(path: Path, pattern: Compressed, outcomes: dict[str, Outcome]) -> str | None:
+    """The day's load (requests/s) over the cards each policy held, by hour; None when
+    written, else why not."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install -e '.[bench]')"
+    figure, cards = plt.subplots(figsize=(10, 4.5))
+    for name, outcome in outcomes.items():
+        hours = [h for h, _, _ in outcome.replicas]
+        held = [p * PREFILL_CARDS + d * DECODE_CARDS for _, p, d in outcome.replicas]
+        cards.step(hours, held, where="post", label=f"{name}: cards held")
+    cards.set_xlabel("hour of the day")
+    cards.set_ylabel("cards held")
+    cards.set_xlim(0, 24)
+    load = cards.twinx()
+    hours = [h / 4 for h in range(24 * 4 + 1)]
+    load.plot(hours, [pattern.inner.rate(h * 3600) for h in hours], "k:", label="load")
+    load.set_ylabel("requests per second (dotted, bursts left out)")
+    load.set_ylim(0, None)
+    cards.legend(loc="upper left")
+    cards.set_title("one InferenceService through a day: fixed, by window, by the autoscaler")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    return None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--json", action="store_true", help="print only the JSON object")
@@ -617,6 +648,7 @@ def main() -> int:
     )
     parser.add_argument("--peak-rps", type=float, default=PEAK_RPS)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--png", type=Path, help="write the day's load and cards held here")
     args = parser.parse_args()  # fmt: skip
     say = (lambda _: None) if args.json else (lambda line: print(line, file=sys.stderr))
     factor = 3600 / args.hour_seconds
@@ -627,13 +659,14 @@ def main() -> int:
     top = peak_sizing(day, asks)
     say(f"{len(asks)} requests; fixed size {top.prefill} prefill, {top.decode} decode")
     results: dict[str, Any] = {}
+    outcomes: dict[str, Outcome] = {}
     for name, policy in (
         ("fixed", fixed(top)),
         ("window", windowed(top, factor)),
         ("autoscaler", autoscaled(top, factor)),
     ):
         started = time.perf_counter()
-        outcome = simulate(policy, asks, day_s, factor)
+        outcome = outcomes[name] = simulate(policy, asks, day_s, factor)
         results[name] = {
             "slo_attainment": round(outcome.attainment, 4),
             "card_hours": round(outcome.card_hours, 1),
@@ -670,6 +703,8 @@ def main() -> int:
         "fixed_replicas": [top.prefill, top.decode],
         "seed": args.seed,
     }
+    if args.png is not None:
+        results["png"] = write_png(args.png, pattern, outcomes) or str(args.png)
     print(json.dumps(results))
     return 0
 

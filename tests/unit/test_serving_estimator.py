@@ -148,9 +148,9 @@ PD = service().prefill(1, 16).decode(1, 16)
             load(card_utilisation=0.96),
             PD,
             running(5, 5),
-            (6, 6),
+            (6, 1),
             "cards 96% busy on 5 replicas need 6 at 80% target utilisation",
-            id="cards 96% busy on 5 replicas each need 6 at an 80% target",
+            id="prefill cards 96% busy on 5 replicas need 6 at an 80% target; decode's do not",
         ),
         pytest.param(
             load(output_tokens_per_s=20_000),

@@ -25,9 +25,11 @@ then serves both phases (aggregated: its replicas split their time between the t
    The largest need of a role wins, and its reason says so.
 2. Rounding up (:func:`replicas_for`), then the observed signals, which only ever add:
    a TTFT (prefill) or TPOT (decode) p90 above its target asks for the replicas running now
-   plus a bounded step (:func:`latency_floor`); card utilisation above the target asks for
-   the replicas running now times utilisation over target, the HPA rule
-   (:func:`utilisation_floor`).
+   plus a bounded step (:func:`latency_floor`); the prefill cards' utilisation above the
+   target asks for the prefill replicas running now times utilisation over target, the HPA
+   rule (:func:`utilisation_floor`). Not for decode: a decode step keeps its cards busy
+   whatever its batch, so busy time tells nothing of the capacity left there (tokens/s and KV
+   usage do).
 3. The person's spec: each role within ``minReplicas..maxReplicas`` (:func:`within_bounds`).
 4. The ratio range: the least replicas at or above phase 3's whose decode/prefill ratio is in
    ``[lo, hi]`` (:func:`keep_ratio`); it only raises, never lowers below what load needs. If
@@ -76,7 +78,7 @@ class Factors:
     output_tokens_per_s: float = 0.0  # output tokens generated per second
     queue_depth: float = 0.0  # prompt tokens waiting for prefill (see waiting_tokens)
     kv_usage: float = 0.0  # KV cache usage of the decode replicas now, 0..1 (mean)
-    card_utilisation: float = 0.0  # busy fraction of the service's cards now, 0..1
+    card_utilisation: float = 0.0  # busy fraction of the prefill instances' cards now, 0..1
     ttft_p90_s: float | None = None  # observed time to first token, p90; None: not measured
     tpot_p90_s: float | None = None  # observed time per output token, p90; None: not measured
 
@@ -553,6 +555,8 @@ def _raise_observed(
                 f"{name}: {label} p90 {_s(observed)} over the {_s(target)} target adds "
                 f"{floor - now} to {now}: {floor}"
             )
+    if name != "prefill":  # a decode step is busy at any batch: busy time is no measure there
+        return count, reasons
     floor = utilisation_floor(factors.card_utilisation, targets.utilisation, now)
     if floor > count:
         count = floor

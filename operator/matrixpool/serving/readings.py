@@ -17,7 +17,8 @@ From two readings of every instance the factors are (:func:`factors`):
    the time between the readings, summed over the instances (a counter that went down, the
    instance restarted, counts from 0);
 2. now: the requests waiting (turned into prompt tokens by the period's mean prompt), the mean
-   KV usage of the instances that decode, the busy share of the instances' cards;
+   KV usage of the instances that decode, the busy share of the prefill instances' cards (a
+   decode step is busy at any batch, so busy time measures nothing there);
 3. latency: the p90 of TTFT and TPOT of the requests finished between the readings, from the
    histograms' bucket growth, interpolated within a bucket as Prometheus'
    ``histogram_quantile`` does.
@@ -133,8 +134,9 @@ def factors(instances: Sequence[Instance]) -> estimator.Factors:
     output = sum(_rate(i, "generated_tokens") for i in rated if i.decodes)
     waiting = sum(i.now.waiting for i in instances if not i.decodes or _alone(instances))
     decoders = [i.now.kv_usage for i in instances if i.decodes]
-    busy = sum(_rate(i, "busy_seconds") * i.cards for i in rated)
-    cards = sum(i.cards for i in rated)
+    prefilling = [i for i in rated if not i.decodes]  # a decode step is busy at any batch
+    busy = sum(_rate(i, "busy_seconds") * i.cards for i in prefilling)
+    cards = sum(i.cards for i in prefilling)
     return estimator.Factors(
         arrival_rate=arrivals,
         input_tokens_per_s=prompt,
