@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from matrixpool.api import labels
 from matrixpool.serving import loadgen, workload
 from tests.integration import framework, manifests
 
@@ -180,6 +181,10 @@ def sim(cluster: framework.TestCluster, tmp_path: Path) -> Iterator[framework.Si
         process.stop()
         print(process.log()[-5000:])
         cluster.kubectl("delete", "sn", "sn-0", check=False)
+        # The sim's daemons announced themselves with Leases; gone silent, they would mark
+        # sn-0's nodes unreachable for the tests after this one.
+        selector = f"{labels.CKPT_DAEMON}=true"
+        cluster.kubectl("delete", "lease", "-n", "default", "-l", selector, check=False)
 
 
 @dataclass
