@@ -27,7 +27,6 @@ from typing import Any
 
 import pytest
 
-from matrixpool.api import labels
 from matrixpool.serving import loadgen, workload
 from tests.integration import framework, manifests
 
@@ -181,10 +180,9 @@ def sim(cluster: framework.TestCluster, tmp_path: Path) -> Iterator[framework.Si
         process.stop()
         print(process.log()[-5000:])
         cluster.kubectl("delete", "sn", "sn-0", check=False)
-        # The sim's daemons announced themselves with Leases; gone silent, they would mark
-        # sn-0's nodes unreachable for the tests after this one.
-        selector = f"{labels.CKPT_DAEMON}=true"
-        cluster.kubectl("delete", "lease", "-n", "default", "-l", selector, check=False)
+    # A sim stopped withdraws its daemons' Leases: none is left to go stale and mark sn-0's
+    # nodes unreachable for the tests after this one.
+    assert framework.daemon_endpoints(cluster) == {}
 
 
 @dataclass

@@ -81,6 +81,11 @@ class Coordination:
             raise kubernetes.client.ApiException(status=409)
         self.leases[body["metadata"]["name"]] = body
 
+    def delete_namespaced_lease(self, name: str, namespace: str) -> None:
+        self.calls.append("delete")
+        if self.leases.pop(name, None) is None:
+            raise kubernetes.client.ApiException(status=404)
+
 
 def api(coordination: Coordination) -> k8s_client.Api:
     return k8s_client.Api(None, None, None, None, coordination)
@@ -119,3 +124,12 @@ def test_a_daemon_that_starts_again_moves_acquire_time_and_a_renewal_does_not() 
     seen = daemonleases.parse(lease["metadata"]["annotations"], lease["spec"])
     assert seen is not None
     assert seen.started == again.timestamp()
+
+
+def test_a_stopped_daemon_withdraws_its_lease_and_a_second_withdrawal_is_no_error() -> None:
+    fake = Coordination()
+    daemonleases.announce(api(fake), "ops", "n1", "10.0.0.1:7040", now=NOW, first=True)
+    daemonleases.withdraw(api(fake), "ops", "n1")
+    daemonleases.withdraw(api(fake), "ops", "n1")
+    assert fake.leases == {}
+    assert fake.calls[-2:] == ["delete", "delete"]

@@ -273,13 +273,21 @@ class Sim:
         self.reconcile_pods(set(nodes), healthy)
 
     def shutdown(self) -> None:
+        """The sim stopped: its processes go, and the Leases of its daemons with them (stopped,
+        not failed: a stale Lease would mark the node unreachable for whatever runs next)."""
         for run in self.pods.values():
             for process in run.processes():
                 process.kill()
         for process in self.daemons.values():
             process.kill()
+        for node in sorted(self.announced):
+            try:
+                daemonleases.withdraw(self.api, self.namespace, node)
+            except Exception as error:  # the API gone first: the Lease just goes stale
+                print(f"sim: could not withdraw {node}'s Lease: {error}", file=sys.stderr)
         self.pods.clear()
         self.daemons.clear()
+        self.announced.clear()
 
     # ---- phase 1: daemons ------------------------------------------------------------------
 

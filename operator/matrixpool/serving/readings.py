@@ -129,10 +129,12 @@ class Instance:
 def factors(instances: Sequence[Instance]) -> estimator.Factors:
     """The service's load factors (module docstring, steps 1 to 3)."""
     rated = [i for i in instances if i.before is not None and i.now.at > i.before.at]
-    arrivals = sum(_rate(i, "requests") for i in rated if not i.decodes or _alone(instances))
-    prompt = sum(_rate(i, "prompt_tokens") for i in rated if not i.decodes or _alone(instances))
+    alone = all(i.decodes for i in instances)  # one role: its instances prefill too
+    arriving = [i for i in rated if not i.decodes or alone]
+    arrivals = sum(_rate(i, "requests") for i in arriving)
+    prompt = sum(_rate(i, "prompt_tokens") for i in arriving)
     output = sum(_rate(i, "generated_tokens") for i in rated if i.decodes)
-    waiting = sum(i.now.waiting for i in instances if not i.decodes or _alone(instances))
+    waiting = sum(i.now.waiting for i in instances if not i.decodes or alone)
     decoders = [i.now.kv_usage for i in instances if i.decodes]
     prefilling = [i for i in rated if not i.decodes]  # a decode step is busy at any batch
     busy = sum(_rate(i, "busy_seconds") * i.cards for i in prefilling)
@@ -147,11 +149,6 @@ def factors(instances: Sequence[Instance]) -> estimator.Factors:
         ttft_p90_s=_merged(i.now.ttft.since(i.before.ttft if i.before else None) for i in rated),
         tpot_p90_s=_merged(i.now.tpot.since(i.before.tpot if i.before else None) for i in rated),
     )
-
-
-def _alone(instances: Sequence[Instance]) -> bool:
-    """Every instance decodes: a single-role service, whose instances prefill too."""
-    return all(i.decodes for i in instances)
 
 
 def _rate(instance: Instance, counter: str) -> float:
