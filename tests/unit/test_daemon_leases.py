@@ -11,6 +11,7 @@ import kubernetes
 import pytest
 
 from matrixpool.api import labels
+from matrixpool.devcluster import sim
 from matrixpool.k8s import client as k8s_client
 from matrixpool.k8s import daemonleases
 
@@ -126,10 +127,10 @@ def test_a_daemon_that_starts_again_moves_acquire_time_and_a_renewal_does_not() 
     assert seen.started == again.timestamp()
 
 
-def test_a_stopped_daemon_withdraws_its_lease_and_a_second_withdrawal_is_no_error() -> None:
+def test_a_stopped_sim_withdraws_its_daemons_lease_and_a_second_withdrawal_is_no_error() -> None:
     fake = Coordination()
     daemonleases.announce(api(fake), "ops", "n1", "10.0.0.1:7040", now=NOW, first=True)
-    daemonleases.withdraw(api(fake), "ops", "n1")
-    daemonleases.withdraw(api(fake), "ops", "n1")
+    sim.withdraw_lease(api(fake), "ops", "n1")
+    sim.withdraw_lease(api(fake), "ops", "n1")
     assert fake.leases == {}
     assert fake.calls[-2:] == ["delete", "delete"]

@@ -107,16 +107,6 @@ def announce(
         api.coordination.patch_namespaced_lease(name, namespace, patch)
 
 
-def withdraw(api: k8s_client.Api, namespace: str, node: str) -> None:
-    """Delete the Lease of ``node``'s daemon (none there is no error): a daemon stopped on
-    purpose, not one gone silent (a stale Lease marks its node unreachable)."""
-    try:
-        api.coordination.delete_namespaced_lease(lease_name(node), namespace)
-    except Exception as error:
-        if not k8s_client.is_status(error, 404):
-            raise
-
-
 @dataclass(frozen=True)
 class Announced:
     """A daemon as its Lease announces it."""
