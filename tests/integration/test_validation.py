@@ -52,6 +52,14 @@ def setting(path: str, value: Any) -> Change:
     return change
 
 
+def both(first: Change, second: Change) -> Change:
+    def change(manifest: Manifest) -> None:
+        first(manifest)
+        second(manifest)
+
+    return change
+
+
 def removing(path: str) -> Change:
     def change(manifest: Manifest) -> None:
         parent, key = _walk(manifest, path)
@@ -302,6 +310,9 @@ INVALID: list[tuple[str, str, Change, tuple[str, ...]]] = [
      setting("spec.kvCache", {"bytes": "1.5Gi"}), ("spec.kvCache.bytes",)),
     ("a KV cache in millibytes is rejected", "InferenceService",
      setting("spec.kvCache", {"bytes": "100m"}), ("spec.kvCache.bytes",)),
+    ("a KV cache without a SuperNode is rejected", "InferenceService",
+     both(removing("spec.superNode"), setting("spec.kvCache", {"bytes": "64Gi"})),
+     ("spec.kvCache needs spec.superNode",)),
     ("a memory pool of a negative size is rejected", "SuperNode",
      setting("spec.memoryPool", {"perNode": "-1Gi"}), ("spec.memoryPool.perNode",)),
     ("a memory pool without perNode is rejected", "SuperNode",

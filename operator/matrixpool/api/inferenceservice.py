@@ -212,6 +212,11 @@ class InferenceServiceSpec(common.ApiModel):
                 "spec.autoscaling.ratioRange replaces spec.ratio: set one of them",
                 ".autoscaling",
             ),
+            common.rule(
+                "!has(self.kvCache) || has(self.superNode)",
+                "spec.kvCache needs spec.superNode: the KV-cache pool is one SuperNode's",
+                ".kvCache",
+            ),
         )
     )
 
@@ -273,6 +278,20 @@ class Recommendation(common.ApiModel):
     """When it was computed."""
 
 
+class KvCacheStatus(common.ApiModel):
+    """The service's reservation in its supernode's KV-cache pool (spec.kvCache)."""
+
+    admitted: bool = False
+    """Whether the reservation is held; false: the service waits (its Ready condition says
+    why) and gets no pods."""
+    reserved: common.ByteQuantity | None = None
+    """Bytes reserved in the pool, e.g. 64Gi; absent while it waits."""
+    quota_per_node: common.ByteQuantity | None = None
+    """The service's quota on each member node's daemon: reserved / member nodes."""
+    nodes: common.Count = 0
+    """Member nodes whose daemons hold the quota."""
+
+
 class InferenceServiceStatus(common.ApiModel):
     """Observed state of the service, written by the operator."""
 
@@ -290,6 +309,8 @@ class InferenceServiceStatus(common.ApiModel):
     """Name of the ConfigMap mapping experts to cards."""
     recommendation: Recommendation | None = None
     """The autoscaler's last recommendation (spec.autoscaling), applied or advisory."""
+    kv_cache: KvCacheStatus | None = None
+    """The KV-cache reservation (spec.kvCache): admitted or waiting, and its quotas."""
     conditions: list[common.Condition] = common.conditions_field()
     """Conditions, among them Ready."""
 
@@ -380,6 +401,13 @@ RESOURCE = common.Resource(
         ),
         common.PrinterColumn(
             "Mode", "string", ".spec.autoscaling.mode", "Autoscaling mode", priority=1
+        ),
+        common.PrinterColumn(
+            "KV",
+            "string",
+            ".status.kvCache.reserved",
+            "KV-cache bytes reserved in the SuperNode's pool",
+            priority=1,
         ),
         common.PrinterColumn(
             "Priority", "integer", ".spec.priority", "Scheduling priority", priority=1

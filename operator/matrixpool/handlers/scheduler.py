@@ -55,6 +55,7 @@ from matrixpool.handlers.world import Assumed, World
 from matrixpool.k8s import client as k8s_client
 from matrixpool.k8s import convert, executor, pods
 from matrixpool.placement import engine, gangs, model, servable
+from matrixpool.serving import pool as kv_pool
 from matrixpool.timeshare import transition
 
 log = structlog.get_logger(__name__)
@@ -92,6 +93,7 @@ class Memory:
     # held for it against lower priorities (engine.Snapshot.hold_free)
     nominated: dict[str, float] = field(default_factory=dict)
     deferred: bool = False  # the last cycle left placeable gangs to the next (PODS_PER_CYCLE)
+    kv_reasons: dict[str, str] = field(default_factory=dict)  # service → KV admission told
     preempted: bool = False  # the last cycle preempted: the indexes lag its deletions
 
     def forget(self, uid: str, key: str) -> None:
@@ -103,6 +105,7 @@ class Memory:
         self.resumes.pop(uid, None)
         self.conditions.pop(uid, None)
         self.preemptions.pop(uid, None)
+        self.kv_reasons.pop(uid, None)
         self.tasks.cancel(uid)
         for gang in [g for g in self.reasons if g == key or g.startswith(key + "/")]:
             del self.reasons[gang]
@@ -144,6 +147,7 @@ class Cycle:
             str(n.name): t.name for t in self.topologies for n in t.nodes
         }
         self.sizes = {t.name: max((n.cards for n in t.nodes), default=0) for t in self.topologies}
+        self.kv = kv_admission(world, memory)  # service UID → its KV-cache pool decision
 
     async def run(self) -> None:
         wanted = {w.key: self.gangs_of(w) for w in self.world.workloads if w.model}  # phase 2
@@ -185,6 +189,8 @@ class Cycle:
                 )
             ]
         assert isinstance(workload.model, inferenceservice.InferenceService)
+        if isinstance(self.kv.get(workload.uid), kv_pool.Waiting):
+            return []  # its KV cache does not fit the pool: no pods until it does
         return gangs.inference_gangs(
             workload.namespace,
             workload.name,
@@ -956,6 +962,9 @@ class Cycle:
         placed = [b for b in bound if b is not None]
         complete = len(placed) == len(all_pods) and bool(all_pods)
         reason = self.first_reason(plans)
+        kv = self.kv.get(workload.uid)
+        if isinstance(kv, kv_pool.Waiting):
+            reason = model.Reason(kv.reason.value, kv.message)
         condition = _condition(
             "Ready",
             complete and all(r.ready == r.replicas for r in roles),
@@ -967,6 +976,7 @@ class Cycle:
             ),
             workload,
         )
+        self.tell_kv(workload, kv)
         status: dict[str, Any] = {
             "observedGeneration": workload.generation,
             "roles": [common.to_wire(r) for r in roles],
@@ -979,7 +989,26 @@ class Cycle:
         }
         if expert_map:
             status["expertMap"] = expert_map
+        if kv is not None:
+            status["kvCache"] = kv_status(kv, self.world)
         return status
+
+    def tell_kv(self, workload: Workload, kv: kv_pool.Decision | None) -> None:
+        """An Event when the service's KV-cache admission changes: reserved, or why it waits."""
+        if kv is None:
+            return
+        told = "Reserved" if isinstance(kv, kv_pool.Admitted) else kv.reason.value
+        if self.memory.kv_reasons.get(workload.uid) == told:
+            return
+        self.memory.kv_reasons[workload.uid] = told
+        if isinstance(kv, kv_pool.Admitted):
+            message = (
+                f"reserved {kv_pool.human(kv.bytes)} in the KV-cache pool of SuperNode"
+                f" {kv.super_node!r}: {kv_pool.human(kv.quota_bytes)} on each member node"
+            )
+            self.event(workload, "Normal", "KVCacheReserved", message)
+        else:
+            self.event(workload, "Warning", kv.reason.value, kv.message)
 
     async def write_expert_map(
         self,
@@ -1265,6 +1294,54 @@ def _placement_summary(
             cards=sum(len(c) for _, c in placed),
         )
     )
+
+
+def kv_admission(world: World, memory: Memory) -> dict[str, kv_pool.Decision]:
+    """Every InferenceService with spec.kvCache: admitted to its SuperNode's KV-cache pool or
+    waiting (:func:`matrixpool.serving.pool.admit`). A service whose status (as this operator
+    last wrote it, else as the index shows it) says admitted keeps its place."""
+    members = read_model.members(world)
+    pools = {
+        name: kv_pool.Pool(
+            name,
+            len(members.get(name, ())),
+            sn.spec.memory_pool.per_node_bytes if sn.spec.memory_pool else 0,
+        )
+        for name, sn in world.supernodes.items()
+    }
+    claims = []
+    for workload in world.workloads:
+        service = workload.model
+        if not isinstance(service, inferenceservice.InferenceService):
+            continue
+        spec = service.spec
+        if spec.kv_cache is None or spec.super_node is None:
+            continue
+        status = memory.statuses.get(workload.uid) or workload.status
+        held = bool((status.get("kvCache") or {}).get("admitted"))
+        claims.append(
+            kv_pool.Claim(
+                workload.uid,
+                spec.super_node,
+                spec.kv_cache.size,
+                spec.priority,
+                workload.created,
+                held,
+            )
+        )
+    return kv_pool.admit(pools, claims) if claims else {}
+
+
+def kv_status(kv: kv_pool.Decision, world: World) -> dict[str, Any]:
+    """status.kvCache of a service with spec.kvCache."""
+    if isinstance(kv, kv_pool.Waiting):
+        return {"admitted": False}
+    return {
+        "admitted": True,
+        "reserved": kv_pool.quantity(kv.bytes),
+        "quotaPerNode": kv_pool.quantity(kv.quota_bytes),
+        "nodes": len(read_model.members(world).get(kv.super_node, ())),
+    }
 
 
 def _conditions(status: Mapping[str, Any]) -> list[common.Condition]:
