@@ -64,6 +64,13 @@ def token() -> str | None:
     return None if found is None else credentials.operator_token(found)
 
 
+def service_token_for(service: str) -> str | None:
+    """The token for the pods of an InferenceService (its UID): its KV-cache blocks only; or
+    None."""
+    found = secret()
+    return None if found is None else credentials.service_token(found, service)
+
+
 def job_token_for(job: str) -> str | None:
     """The token for the pods of ``job`` (its TrainingJob's UID): that job's checkpoints only;
     or None."""
@@ -194,6 +201,36 @@ async def set_peers(endpoint: str, peers: list[str]) -> bool:
         _ask, endpoint, bearer, "POST", "/v1/peers", body, PROBE_TIMEOUT
     )
     return answer is not None
+
+
+def _set_kv_quotas(address: str, bearer: str, quotas: Mapping[str, int]) -> bool:
+    """Make the KV quotas of the daemon at ``address`` exactly ``quotas`` (service UID →
+    bytes): read its usage, forget the services it holds that are not there, set the quotas
+    that differ. Whether every step took."""
+    usage = _ask(address, bearer, "GET", "/v1/kv/usage", timeout=PROBE_TIMEOUT)
+    if usage is None:
+        return False  # unreachable, or no KV pool (503)
+    held: Mapping[str, Any] = usage.get("services") or {}
+    ok = True
+    for service in sorted(set(held) - set(quotas)):
+        ok &= (
+            _ask(address, bearer, "DELETE", f"/v1/kv/{service}", timeout=PROBE_TIMEOUT) is not None
+        )
+    for service, nbytes in sorted(quotas.items()):
+        if (held.get(service) or {}).get("quotaBytes") == nbytes:
+            continue
+        path, body = f"/v1/kv/{service}/quota", {"bytes": nbytes}
+        ok &= _ask(address, bearer, "PUT", path, body, PROBE_TIMEOUT) is not None
+    return ok
+
+
+async def set_kv_quotas(endpoint: str, quotas: Mapping[str, int]) -> bool:
+    """Tell the daemon at ``endpoint`` the KV-cache quotas of the services admitted to its
+    supernode's pool, and forget the others'; whether it took them all."""
+    bearer = token()
+    if bearer is None:
+        return False
+    return await asyncio.to_thread(_set_kv_quotas, endpoint, bearer, dict(quotas))
 
 
 async def delete(job: str, endpoints: Iterable[str]) -> list[str]:

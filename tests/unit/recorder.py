@@ -35,6 +35,7 @@ class Recorder:
     asked: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)  # inventory calls
     pins: list[tuple[str, tuple[str, ...], int | None]] = field(default_factory=list)
     peers: dict[str, list[str]] = field(default_factory=dict)  # daemon endpoint → told peers
+    kv_quotas: dict[str, dict[str, int]] = field(default_factory=dict)  # endpoint → told quotas
     metrics: dict[str, str] = field(default_factory=dict)  # URL → the /metrics text it answers
     scraped: list[tuple[str, ...]] = field(default_factory=list)  # the URLs of each scrape
 
@@ -128,6 +129,12 @@ class Recorder:
         if not self.healthy.get(endpoint, True):
             return False
         self.peers[endpoint] = list(peers)
+        return True
+
+    async def set_kv_quotas(self, endpoint: str, quotas: Mapping[str, int]) -> bool:
+        if not self.healthy.get(endpoint, True):
+            return False
+        self.kv_quotas[endpoint] = dict(quotas)
         return True
 
     async def scrape(self, urls: Sequence[str], timeout: float) -> dict[str, str | None]:

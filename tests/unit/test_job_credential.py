@@ -57,3 +57,36 @@ def test_the_secret_holds_the_jobs_token_and_is_owned_by_the_job() -> None:
     assert base64.b64decode(body["data"]["token"]).decode() == token
     [owner] = body["metadata"]["ownerReferences"]
     assert (owner["uid"], owner["controller"]) == ("u-1", True)
+
+
+def test_an_inference_pod_with_an_admitted_kv_cache_mounts_its_services_token_and_finds_the_pool() -> (
+    None
+):
+    contract = pods.ServingContract(
+        service_uid="s-1", daemons=("127.1.0.1:7040", "127.1.0.2:7040"), credential=True
+    )
+    pod = pods.manifest(plan("InferenceService"), {}, OWNER, "nvidia.com/gpu", None, contract)
+    [volume] = pod["spec"]["volumes"]
+    assert volume["secret"] == {"secretName": "matrixpool-kv-s-1", "optional": False}
+    container = pod["spec"]["containers"][0]
+    assert {"name": volume["name"], "mountPath": labels.KV_MOUNT, "readOnly": True} in (
+        container["volumeMounts"]
+    )
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["MATRIXPOOL_KV_SERVICE"] == "s-1"
+    assert env["MATRIXPOOL_KV_TOKEN_FILE"] == f"{labels.KV_MOUNT}/token"
+    assert env["MATRIXPOOL_KV_DAEMONS"] == (
+        "$(MATRIXPOOL_NODE_IP):7040,127.1.0.1:7040,127.1.0.2:7040"
+    )
+    names = [e["name"] for e in container["env"]]
+    assert names.index("MATRIXPOOL_NODE_IP") < names.index("MATRIXPOOL_KV_DAEMONS")
+    assert "MATRIXPOOL_CKPT_TOKEN_FILE" not in names  # no checkpoint token
+
+
+def test_the_services_secret_holds_a_token_that_opens_its_kv_blocks_only() -> None:
+    token = credentials.service_token("cluster-secret", "s-1")
+    body = secrets.body("ns", "s-1", token, OWNER, secrets.SERVICE)
+    assert body["metadata"]["name"] == "matrixpool-kv-s-1"
+    assert body["metadata"]["labels"] == {"matrixpool.dev/component": "kv-cache-credential"}
+    assert base64.b64decode(body["data"]["token"]).decode() == token
+    assert token != credentials.job_token("cluster-secret", "s-1")

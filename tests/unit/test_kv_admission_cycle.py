@@ -10,10 +10,10 @@ import dataclasses
 from typing import Any
 
 from matrixpool.api import inferenceservice, supernode
-from matrixpool.handlers import scheduler, world
+from matrixpool.handlers import kvquotas, scheduler, world
 from matrixpool.handlers.workloads import Workload
 from tests.unit.recorder import Recorder
-from tests.unit.worlds import fixed_world
+from tests.unit.worlds import endpoint, fixed_world
 
 
 def service(name: str, kv: str, created: str, priority: int = 100) -> Workload:
@@ -65,6 +65,11 @@ def test_a_service_that_fits_gets_pods_and_one_that_does_not_waits_with_the_reas
     cycle(pooled([big, late]), memory, executor)
 
     assert owners(executor) == {"big"}
+    [pod] = executor.created
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env["MATRIXPOOL_KV_SERVICE"] == "uid-big"
+    daemons = env["MATRIXPOOL_KV_DAEMONS"].split(",")
+    assert daemons == ["$(MATRIXPOOL_NODE_IP):7040", *sorted(endpoint(f"n{i}") for i in range(4))]
     assert executor.status_of("big", "kvCache")[-1] == {
         "admitted": True,
         "reserved": "48Gi",
@@ -116,9 +121,57 @@ def test_a_supernode_without_a_memory_pool_says_so() -> None:
 
 def test_a_service_without_kv_cache_is_untouched_by_the_pool() -> None:
     plain = dataclasses.replace(service("plain", "1Gi", "t0"))
-    assert plain.model is not None and isinstance(plain.model, inferenceservice.InferenceService)
+    assert isinstance(plain.model, inferenceservice.InferenceService)
     plain.model.spec.kv_cache = None
     executor = Recorder()
     cycle(pooled([plain], per_node=None), scheduler.Memory(), executor)
     assert owners(executor) == {"plain"}
     assert executor.status_of("plain", "kvCache") == []
+
+
+# --- the daemons' quotas (handlers.kvquotas) ---------------------------------------------------
+
+
+def told(seen: world.World, decisions: dict[str, Any], executor: Recorder, **kw: Any) -> None:
+    async def passes() -> None:
+        memory = kw.get("memory") or kvquotas.Memory()
+        kvquotas.run(seen, decisions, memory, executor, kw.get("started", {}))
+        await asyncio.sleep(0.01)  # the daemons are told in the background
+        await memory.tasks.settle("kvquotas", 5.0)
+
+    asyncio.run(passes())
+
+
+def test_each_daemon_of_the_pool_is_told_the_quota_of_every_admitted_service() -> None:
+    big, late = service("big", "48Gi", "t0"), service("late", "32Gi", "t1")
+    seen = pooled([big, late])
+    memory = scheduler.Memory()
+    cycle(seen, memory, Recorder())
+    executor = Recorder()
+    told(seen, memory.kv, executor)
+    assert executor.kv_quotas == {endpoint(f"n{i}"): {"uid-big": 12 << 30} for i in range(4)}
+
+
+def test_a_supernode_without_a_pool_tells_its_daemons_nothing() -> None:
+    seen = pooled([service("a", "1Gi", "t0")], per_node=None)
+    memory = scheduler.Memory()
+    cycle(seen, memory, Recorder())
+    executor = Recorder()
+    told(seen, memory.kv, executor)
+    assert executor.kv_quotas == {}
+
+
+def test_a_daemon_is_told_again_only_when_its_quotas_change_or_it_restarts() -> None:
+    seen = pooled([service("big", "48Gi", "t0")])
+    memory, quotas = scheduler.Memory(), kvquotas.Memory()
+    cycle(seen, memory, Recorder())
+    first = Recorder()
+    told(seen, memory.kv, first, memory=quotas)
+    assert len(first.kv_quotas) == 4
+    again = Recorder()
+    told(seen, memory.kv, again, memory=quotas)
+    assert again.kv_quotas == {}
+    told(seen, memory.kv, again, memory=quotas, started={"n2": 5.0})
+    assert list(again.kv_quotas) == [endpoint("n2")]
+    told(seen, {}, again, memory=quotas, started={"n2": 5.0})  # the service went
+    assert again.kv_quotas[endpoint("n0")] == {}

@@ -60,6 +60,18 @@ MEMORY_PATH = "/dev/shm/matrixpool"  # checkpointDaemon.memoryPath (MATRIXPOOL_C
 PERSISTENT_PATH = "/var/lib/matrixpool/persistent"  # its persistentPath (…_PERSISTENT_PATH)
 
 
+KV_SECRET_PREFIX = "matrixpool-kv-"  # + an InferenceService's UID: the Secret with its KV token
+KV_MOUNT = "/var/run/matrixpool/kv"  # where a service's pods see that token (file CREDENTIAL_KEY)
+ENV_KV_SERVICE = "MATRIXPOOL_KV_SERVICE"  # env var: the service's UID, its blocks' owner
+ENV_KV_TOKEN_FILE = "MATRIXPOOL_KV_TOKEN_FILE"  # env var: the file holding the service's token
+ENV_KV_DAEMONS = "MATRIXPOOL_KV_DAEMONS"  # env var: the pool's daemons, own node's first
+
+
+def kv_secret(service_uid: str) -> str:
+    """The name of the Secret holding the KV-cache token of an InferenceService."""
+    return f"{KV_SECRET_PREFIX}{service_uid}"
+
+
 def credential_secret(job_uid: str) -> str:
     """The name of the Secret holding a TrainingJob's checkpoint token."""
     return f"{CREDENTIAL_SECRET_PREFIX}{job_uid}"

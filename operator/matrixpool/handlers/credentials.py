@@ -1,5 +1,6 @@
-"""Every TrainingJob gets its checkpoint credential: when one appears (or the operator starts
-and finds it), the operator writes the job's token into a Secret its pods mount
+"""Every TrainingJob gets its checkpoint credential, and every InferenceService with
+``spec.kvCache`` its KV-cache credential: when one appears (or the operator starts and finds
+it), the operator writes its token into a Secret its pods mount
 (:mod:`matrixpool.k8s.secrets`). Without the cluster secret (no checkpoint daemons installed)
 there is nothing to write. Called by kopf.
 
@@ -18,7 +19,7 @@ import kopf
 import structlog
 
 from matrixpool import api, checkpoints
-from matrixpool.api import trainingjob
+from matrixpool.api import inferenceservice, trainingjob
 from matrixpool.k8s import secrets
 
 log = structlog.get_logger(__name__)
@@ -34,21 +35,40 @@ def _unwritten(type: str | None, memo: kopf.Memo, **_: Any) -> bool:
 async def job_credential(
     uid: str, name: str, namespace: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any
 ) -> None:
-    token = checkpoints.job_token_for(uid)
+    await _write(checkpoints.job_token_for(uid), secrets.JOB, uid, name, namespace, body, memo)
+
+
+def _unwritten_kv(type: str | None, memo: kopf.Memo, spec: kopf.Spec, **_: Any) -> bool:
+    return _unwritten(type, memo) and bool(spec.get("kvCache"))
+
+
+@kopf.on.event(api.GROUP, api.VERSION, inferenceservice.PLURAL, when=_unwritten_kv)
+async def service_credential(
+    uid: str, name: str, namespace: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any
+) -> None:
+    token = checkpoints.service_token_for(uid)
+    await _write(token, secrets.SERVICE, uid, name, namespace, body, memo)
+
+
+async def _write(
+    token: str | None,
+    component: str,
+    uid: str,
+    name: str,
+    namespace: str | None,
+    body: kopf.Body,
+    memo: kopf.Memo,
+) -> None:
     if token is None or not namespace:
-        memo[WRITTEN] = True  # no cluster secret: nothing to write for this job (as before)
+        memo[WRITTEN] = True  # no cluster secret: nothing to write (as before)
         return
     owner = {"apiVersion": body["apiVersion"], "kind": body["kind"], "name": name, "uid": uid}
+    what = f"{body['kind']} {namespace}/{name}"
     try:
-        created = await secrets.ensure(namespace, uid, token, owner)
-    except Exception as error:  # the job's next event tries again
-        log.warning(
-            "could not write the job's checkpoint credential",
-            job=f"{namespace}/{name}",
-            uid=uid,
-            error=str(error),
-        )
+        created = await secrets.ensure(namespace, uid, token, owner, component)
+    except Exception as error:  # its next event tries again
+        log.warning("could not write a credential", of=what, uid=uid, error=str(error))
         return
     memo[WRITTEN] = True
     if created:
-        log.info("wrote the job's checkpoint credential", job=f"{namespace}/{name}", uid=uid)
+        log.info("wrote a credential", of=what, uid=uid, secret=component)

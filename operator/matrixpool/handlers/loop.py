@@ -26,6 +26,7 @@ from matrixpool import clock
 from matrixpool.handlers import (
     autoscaler,
     cleanup,
+    kvquotas,
     lifecycle,
     peers,
     recovery,
@@ -136,7 +137,8 @@ async def main_loop(
 async def one_pass(state: Controllers, read: Callable[[], world.World]) -> None:
     """1 read the world, forget what went, note the jobs that finished; 2 recovery;
     3 the inference autoscaler's recommendations; 4 time-sharing's allowances; 5 the
-    scheduling cycle; 6 the SuperNodes' status; 7 the daemons' tier-1 peers."""
+    scheduling cycle; 6 the SuperNodes' status; 7 the daemons' tier-1 peers and KV-cache
+    quotas."""
     now = read()
     state.forget_replaced(now.workloads)
     cleanup.sweep(state.sweeper, now.nodes, now.workloads)
@@ -148,6 +150,7 @@ async def one_pass(state: Controllers, read: Callable[[], world.World]) -> None:
     await scheduler.run_cycle(read, state.cycle, state.assumed, act)
     await supernode.report(read(), state.reported, act, state.sharing.transition_status)
     peers.run(read(), state.peering, act, state.started)
+    kvquotas.run(read(), state.cycle.kv, state.kv_quotas, act, state.started)
 
 
 @dataclass
@@ -166,6 +169,7 @@ class Controllers:
     daemons: recovery.LeaseClock = field(default_factory=recovery.LeaseClock)  # ckpt daemons'
     started: dict[str, float] = field(default_factory=dict)  # node → when its daemon started
     peering: peers.Memory = field(default_factory=peers.Memory)  # tier-1 peers told
+    kv_quotas: kvquotas.Memory = field(default_factory=kvquotas.Memory)  # KV quotas told
     sweeper: cleanup.Sweeper = field(default_factory=cleanup.Sweeper)
     reported: dict[str, dict[str, Any]] = field(default_factory=dict)  # SuperNode → status
     identities: dict[str, str] = field(default_factory=dict)  # workload key → its UID

@@ -94,6 +94,7 @@ class Memory:
     nominated: dict[str, float] = field(default_factory=dict)
     deferred: bool = False  # the last cycle left placeable gangs to the next (PODS_PER_CYCLE)
     kv_reasons: dict[str, str] = field(default_factory=dict)  # service → KV admission told
+    kv: dict[str, kv_pool.Decision] = field(default_factory=dict)  # the last cycle's admission
     preempted: bool = False  # the last cycle preempted: the indexes lag its deletions
 
     def forget(self, uid: str, key: str) -> None:
@@ -150,6 +151,7 @@ class Cycle:
         self.kv = kv_admission(world, memory)  # service UID → its KV-cache pool decision
 
     async def run(self) -> None:
+        self.memory.kv = self.kv  # for the KV quota controller (handlers.kvquotas)
         wanted = {w.key: self.gangs_of(w) for w in self.world.workloads if w.model}  # phase 2
         by_key = {w.key: w for w in self.world.workloads}
         self.by_gang = {g.request.gang: (by_key[key], g) for key, gs in wanted.items() for g in gs}
@@ -216,10 +218,16 @@ class Cycle:
             resume = self.resume_value(workload, existing) if missing and not recovery else ""
             wanted_gangs = wanted.get(workload.key, [])
             contracts = training_contracts(workload, wanted_gangs, existing) if missing else {}
+            serving = self.serving_contract(workload) if missing else None
             manifests = {
                 plan.name: pin(
                     pods.manifest(
-                        plan, template(plan.role), workload.ref, resource, contracts.get(plan.name)
+                        plan,
+                        template(plan.role),
+                        workload.ref,
+                        resource,
+                        contracts.get(plan.name),
+                        serving,
                     ),
                     recovery,
                     resume,
@@ -321,6 +329,21 @@ class Cycle:
                 )
         self.memory.resumes[workload.uid] = (request, value)
         log.info("evicted job resumes", job=workload.key, request=request, restore=value or None)
+
+    def serving_contract(self, workload: Workload) -> pods.ServingContract | None:
+        """The KV-cache pool's part of the pods of a service whose KV cache is admitted: the
+        daemons of its SuperNode's member nodes (those announced now) and its token."""
+        kv = self.kv.get(workload.uid)
+        if not isinstance(kv, kv_pool.Admitted):
+            return None
+        members = read_model.members(self.world).get(kv.super_node, ())
+        port, _, _ = pods.daemon_settings()
+        return pods.ServingContract(
+            service_uid=workload.uid,
+            daemons=tuple(sorted({n.endpoint for n in members if n.endpoint})),
+            daemon_port=port,
+            credential=checkpoints.secret() is not None,  # then handlers.credentials writes it
+        )
 
     def template(self, workload: Workload) -> Any:
         if isinstance(workload.model, trainingjob.TrainingJob):

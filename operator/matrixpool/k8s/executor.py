@@ -107,6 +107,10 @@ class Executor(Protocol):
         """Tell a daemon its tier-1 peers; whether it took them."""
         ...
 
+    async def set_kv_quotas(self, endpoint: str, quotas: Mapping[str, int]) -> bool:
+        """Make a daemon's KV-cache quotas exactly ``quotas`` (service UID → bytes)."""
+        ...
+
 
 class Live:
     """The executor of a running operator: the API server and the daemons."""
@@ -171,6 +175,9 @@ class Live:
 
     async def set_peers(self, endpoint: str, peers: list[str]) -> bool:
         return await checkpoints.set_peers(endpoint, peers)
+
+    async def set_kv_quotas(self, endpoint: str, quotas: Mapping[str, int]) -> bool:
+        return await checkpoints.set_kv_quotas(endpoint, quotas)
 
 
 def facts_of(pod: Mapping[str, Any]) -> convert.PodFacts | None:

@@ -97,6 +97,18 @@ class TrainingContract:
     # cluster secret): the pod then waits for it, as a kubelet waits for a Secret it must mount
 
 
+@dataclass(frozen=True)
+class ServingContract:
+    """What the pod of an InferenceService with an admitted ``spec.kvCache`` is told beyond
+    its role: where the supernode's KV-cache pool is and the token that opens its own blocks
+    (docs/concepts.md, "The KV-cache pool")."""
+
+    service_uid: str  # the owner of its KV blocks at the daemons (MATRIXPOOL_KV_SERVICE)
+    daemons: tuple[str, ...]  # the other member nodes' daemons (host:port), as of pod creation
+    daemon_port: int = labels.DAEMON_PORT  # its own node's daemon: $(MATRIXPOOL_NODE_IP):port
+    credential: bool = False  # the operator writes the service's token Secret
+
+
 def daemon_settings() -> tuple[int, str, str]:
     """The node daemons' port, tier-1 folder and tier-3 root, as the chart tells the
     operator."""
@@ -111,9 +123,11 @@ def manifest(
     owner: Mapping[str, Any],
     card_resource: str,
     training: TrainingContract | None = None,
+    serving: ServingContract | None = None,
 ) -> dict[str, Any]:
     """The Pod of ``plan``: the user's template plus cards, env, labels and the owner; a
-    TrainingJob's pod also gets ``training`` (required for that kind)."""
+    TrainingJob's pod also gets ``training`` (required for that kind), an InferenceService's
+    the KV-cache pool's ``serving`` contract when its KV cache is admitted."""
     pod: dict[str, Any] = copy.deepcopy(dict(template or {}))
     meta = pod.setdefault("metadata", {})
     meta.pop("name", None)
@@ -143,17 +157,41 @@ def manifest(
         meta.setdefault("annotations", {})[labels.INCARNATION] = str(training.incarnation)
         _give_training_contract(spec, containers[0], training)
     else:
-        _give_serving_contract(containers[0], plan.role)
+        _give_serving_contract(spec, containers[0], plan.role, serving)
     return {"apiVersion": "v1", "kind": "Pod", **pod}
 
 
-def _give_serving_contract(container: dict[str, Any], role: str) -> None:
+def _give_serving_contract(
+    spec: dict[str, Any], container: dict[str, Any], role: str, serving: ServingContract | None
+) -> None:
     """An inference pod's role and its own address (downward API), where a server binds and
-    the autoscaler reads ``/metrics``. Entries of the template with these names are replaced."""
+    the autoscaler reads ``/metrics``; with ``serving``, the KV-cache pool: the service's UID,
+    its token (its Secret, ``matrixpool.k8s.secrets``, mounted read-only) and the daemons, its
+    own node's first. Entries of the template with these names are replaced."""
     env: dict[str, dict[str, Any]] = {
         labels.ENV_ROLE: {"value": role},
         labels.ENV_POD_IP: {"valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     }
+    if serving is not None:
+        own = f"$({labels.ENV_NODE_IP}):{serving.daemon_port}"
+        env.update(
+            {
+                labels.ENV_NODE_IP: {"valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
+                labels.ENV_KV_SERVICE: {"value": serving.service_uid},
+                labels.ENV_KV_TOKEN_FILE: {"value": f"{labels.KV_MOUNT}/{labels.CREDENTIAL_KEY}"},
+                labels.ENV_KV_DAEMONS: {"value": ",".join([own, *serving.daemons])},
+            }
+        )
+        volume = "matrixpool-kv-credential"
+        secret: dict[str, Any] = {
+            "secretName": labels.kv_secret(serving.service_uid),
+            "optional": not serving.credential,
+        }
+        volumes = [v for v in spec.get("volumes", []) if v.get("name") != volume]
+        spec["volumes"] = [*volumes, {"name": volume, "secret": secret}]
+        mounts = [m for m in container.get("volumeMounts", []) if m.get("name") != volume]
+        mount = {"name": volume, "mountPath": labels.KV_MOUNT, "readOnly": True}
+        container["volumeMounts"] = [*mounts, mount]
     kept = [e for e in container.get("env", []) if e.get("name") not in env]
     container["env"] = kept + [{"name": n, **e} for n, e in env.items()]
 
