@@ -59,9 +59,7 @@ def test_the_secret_holds_the_jobs_token_and_is_owned_by_the_job() -> None:
     assert (owner["uid"], owner["controller"]) == ("u-1", True)
 
 
-def test_an_inference_pod_with_an_admitted_kv_cache_mounts_its_services_token_and_finds_the_pool() -> (
-    None
-):
+def test_a_pod_with_an_admitted_kv_cache_mounts_its_services_token_and_finds_the_pool() -> None:
     contract = pods.ServingContract(
         service_uid="s-1", daemons=("127.1.0.1:7040", "127.1.0.2:7040"), credential=True
     )

@@ -7,7 +7,10 @@ Settings come from the flags, else from the pod's environment, as the operator s
 MATRIXPOOL_SERVE_PORT, MATRIXPOOL_POD_IP (the pod's address, to bind; else every address),
 MATRIXPOOL_ROLE (prefill or decode; any other role name serves both phases) and
 MATRIXPOOL_CARDS (the cards bound to the pod, a comma list: the instance has as many cards as
-it names).
+it names). With an admitted spec.kvCache the operator also sets MATRIXPOOL_KV_SERVICE (the
+service's UID), MATRIXPOOL_KV_TOKEN_FILE (its token, from its Secret) and MATRIXPOOL_KV_DAEMONS
+(the supernode's daemons, the pod's own node's first): the prefix cache is then the supernode's
+KV-cache pool (``matrixpool.serving.prefixpool``).
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ import logging
 import os
 import signal
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
-from matrixpool.serving import engine, latency, server
+from matrixpool.serving import engine, latency, prefixpool, server
+from matrixpool_recovery import kvclient
 
 log = logging.getLogger("matrixpool.serving")
 
@@ -82,7 +87,49 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     parser.add_argument(
         "--max-batch", type=int, default=None, help="decode batch (default: 96 per card)"
     )
+    pool = parser.add_argument_group("the supernode's KV-cache pool (all three, or none)")
+    pool.add_argument(
+        "--kv-service",
+        default=environ.get("MATRIXPOOL_KV_SERVICE") or None,
+        help="the service whose KV blocks these are (default: $MATRIXPOOL_KV_SERVICE)",
+    )
+    pool.add_argument(
+        "--kv-token-file",
+        type=Path,
+        default=environ.get("MATRIXPOOL_KV_TOKEN_FILE") or None,
+        help="the file holding the service's token (default: $MATRIXPOOL_KV_TOKEN_FILE)",
+    )
+    pool.add_argument(
+        "--kv-daemons",
+        default=environ.get("MATRIXPOOL_KV_DAEMONS") or None,
+        help="host:port of the pool's daemons, a comma list, the own node's first"
+        " (default: $MATRIXPOOL_KV_DAEMONS)",
+    )
+    pool.add_argument(
+        "--kv-block-bytes",
+        type=int,
+        default=int(environ.get("MATRIXPOOL_KV_BLOCK_BYTES") or BLOCK_BYTES),
+        help="bytes stored per KV block, standing in for its KV (default:"
+        f" $MATRIXPOOL_KV_BLOCK_BYTES, else the model's {BLOCK_BYTES})",
+    )
     return parser
+
+
+BLOCK_BYTES = latency.KV_BYTES_PER_TOKEN * engine.BLOCK_TOKENS  # one block of the model's KV
+
+
+def prefixes(args: argparse.Namespace) -> prefixpool.PooledPrefixes | None:
+    """The KV-cache pool as the engine's prefix cache, when the pod was given one."""
+    given = [args.kv_service, args.kv_token_file, args.kv_daemons]
+    if not any(given):
+        return None
+    if not all(given):
+        raise SystemExit("the KV pool needs --kv-service, --kv-token-file and --kv-daemons")
+    daemons = list(dict.fromkeys(a.strip() for a in args.kv_daemons.split(",") if a.strip()))
+    token = args.kv_token_file.read_text().strip()
+    client = kvclient.KvClient(args.kv_service, token, daemons)
+    log.info("prefix cache: the KV pool of %d daemons, %s first", len(daemons), daemons[0])
+    return prefixpool.PooledPrefixes(client, args.kv_block_bytes)
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
@@ -103,7 +150,7 @@ async def _serve(instance: engine.Engine, args: argparse.Namespace) -> bool:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    app = server.create_app(instance, model_name=args.model_name)
+    app = server.create_app(instance, model_name=args.model_name, prefixes=prefixes(args))
     runner = await server.start(app, args.host, args.port)
     log.info("serving on %s", runner.addresses)
     await stop.wait()

@@ -13,6 +13,10 @@ the kubelet starts in inference pods); tests build the app with :func:`create_ap
 - ``GET /healthz``: 200, or 503 while draining.
 - ``GET /metrics``: the Prometheus text format, from a registry private to the app.
 
+With the supernode's KV-cache pool (``prefixes``, :mod:`matrixpool.serving.prefixpool`), a
+token-id prompt's cached prefix is looked up in the pool before the engine takes it, and its
+blocks the pool lacked are stored there once it has been served (both in threads).
+
 A background task (:meth:`Serving.run`) advances the engine to the clock, hands each request's
 events to its handler and sleeps until the engine's next event or a new request. On SIGTERM
 ``__main__`` drains, waits until the engine is idle (bounded) and stops (:func:`drain_and_stop`).
@@ -41,7 +45,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from matrixpool.serving import engine
+from matrixpool.serving import engine, prefixpool
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +100,19 @@ class Metrics:
             "matrixpool_serving_busy_seconds_total",
             "Seconds the instance spent in prefill or decode iterations (its cards' busy time).",
         )
+        self.prefix_queries = counter(
+            "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
+        )
+        self.prefix_hits = counter(
+            "vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache (the KV pool)."
+        )
+        self.pool_stored = counter(
+            "matrixpool_serving_kv_pool_blocks_stored_total",
+            "KV blocks this instance stored in the supernode's KV-cache pool.",
+        )
         every = (self.running, self.waiting, self.kv_usage, self.ttft, self.tpot, self.e2e,
-                 self.prompt_tokens, self.generation_tokens, self.success, self.busy)  # fmt: skip
+                 self.prompt_tokens, self.generation_tokens, self.success, self.busy,
+                 self.prefix_queries, self.prefix_hits, self.pool_stored)  # fmt: skip
         for metric in every:
             metric.labels(model_name)  # every series exists from the start, at 0
 
@@ -126,9 +141,15 @@ class Serving:
     """One engine in real time: the clock's reader, the events' postman and the drain."""
 
     def __init__(
-        self, instance: engine.Engine, model_name: str, clock: Callable[[], float]
+        self,
+        instance: engine.Engine,
+        model_name: str,
+        clock: Callable[[], float],
+        prefixes: prefixpool.PooledPrefixes | None = None,
     ) -> None:
         self.engine = instance
+        self.prefixes = prefixes
+        self._keeping: set[asyncio.Task[None]] = set()  # blocks being stored in the pool
         self.model_name = model_name
         self.clock = clock
         self.metrics = Metrics(model_name)
@@ -186,6 +207,34 @@ class Serving:
 
     def forget(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
+
+    async def look_up(self, completion: Completion) -> prefixpool.Looked | None:
+        """The prompt's cached prefix in the KV pool (None: no pool, or nothing to look up)."""
+        hashes = completion.prefix_hashes
+        if self.prefixes is None or not hashes or self.engine.role is engine.Role.DECODE:
+            return None
+        looked = await asyncio.to_thread(self.prefixes.look_up, hashes)
+        name = self.model_name
+        self.metrics.prefix_queries.labels(name).inc(len(hashes) * engine.BLOCK_TOKENS)
+        self.metrics.prefix_hits.labels(name).inc(looked.tokens)
+        return looked
+
+    def keep(self, completion: Completion, looked: prefixpool.Looked | None) -> None:
+        """Store, in the background, the prompt's blocks the pool lacked."""
+        if (
+            self.prefixes is None
+            or looked is None
+            or looked.blocks >= len(completion.prefix_hashes)
+        ):
+            return
+        task = asyncio.create_task(self._keep(completion.prefix_hashes, looked.blocks))
+        self._keeping.add(task)
+        task.add_done_callback(self._keeping.discard)
+
+    async def _keep(self, hashes: tuple[str, ...], skip: int) -> None:
+        assert self.prefixes is not None
+        stored = await asyncio.to_thread(self.prefixes.keep, hashes, skip)
+        self.metrics.pool_stored.labels(self.model_name).inc(stored)
 
     def drain(self) -> None:
         self.engine.drain()
@@ -268,6 +317,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if isinstance(completion, str):
         return _error(400, completion)
     output = 1 if serving.engine.role is engine.Role.PREFILL else completion.max_tokens
+    looked = await serving.look_up(completion)
     taken = serving.submit(completion.prompt_tokens, output, completion.prefix_hashes)
     if taken is engine.Refused.DRAINING:
         return _draining(retry_after_s)
@@ -280,6 +330,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         return await _whole(completion, request_id, queue)
     finally:
         serving.forget(request_id)
+        serving.keep(completion, looked)
 
 
 async def _next_token(queue: asyncio.Queue[engine.Event]) -> engine.Token | None:
@@ -359,10 +410,14 @@ def create_app(
     model_name: str = "matrixpool-sim",
     clock: Callable[[], float] = time.monotonic,
     retry_after_s: int = 1,
+    prefixes: prefixpool.PooledPrefixes | None = None,
 ) -> web.Application:
-    """The server's app around ``instance``; its engine loop runs while the app does."""
+    """The server's app around ``instance``; its engine loop runs while the app does. With
+    ``prefixes``, the engine's prefix cache is the supernode's KV-cache pool."""
     app = web.Application()
-    app[STATE] = Serving(instance, model_name, clock)
+    if prefixes is not None:
+        instance.prefix_cache = prefixes
+    app[STATE] = Serving(instance, model_name, clock, prefixes)
     app[RETRY_AFTER] = retry_after_s
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/drain", drain)
