@@ -200,6 +200,12 @@ def _parser() -> argparse.ArgumentParser:
         "(default matrixpool)",
     )
     sim.add_argument(
+        "--kv-pool-bytes",
+        default=None,
+        help="each daemon's part of the KV-cache pool, out of its 256Mi (default 64Mi; a"
+        " SuperNode's spec.memoryPool.perNode should say the same)",
+    )
+    sim.add_argument(
         "--persistent-root",
         type=Path,
         help="folder tier-3 URIs must be inside (default: FOLDER/persistent)",
@@ -376,6 +382,7 @@ def _sim(args: argparse.Namespace) -> int:
         daemons_from=args.daemons,
         shared_paths=tuple(args.shared_path),
         **({"persistent_root": args.persistent_root} if args.persistent_root else {}),
+        **({"kv_pool_bytes": args.kv_pool_bytes} if args.kv_pool_bytes else {}),
         namespace=args.namespace,
     )
     print(

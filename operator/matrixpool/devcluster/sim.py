@@ -65,6 +65,7 @@ PERIOD = 0.25  # seconds between reconciliations
 LEASE_SECONDS = 40  # the daemons' Leases, as the chart's default (renewed every 10 s)
 RENEWALS_PER_PASS = 8  # Lease renewals per reconciliation at most (32/s: 320 nodes per 10 s)
 PORT = labels.DAEMON_PORT  # every daemon listens on this port of its node's address (--port)
+KV_POOL_BYTES = "64Mi"  # each daemon's part of the KV-cache pool, out of its --memory-bytes
 CACHE_SECONDS = 10.0  # how long the process kubelet trusts a Secret or ConfigMap it read
 BACKOFF_SECONDS = (1, 2, 4, 8, 10)  # restarts of a container (a kubelet: 10 s doubling to 5 min)
 DEFAULT_GRACE_SECONDS = 30.0  # a pod's terminationGracePeriodSeconds when it sets none
@@ -208,6 +209,7 @@ class Sim:
     port: int = field(default_factory=lambda: PORT)  # two sims on one machine need two ports
     persistent_root: Path | None = None  # tier-3 URIs must be inside; None: <folder>/persistent
     memory_path: str = labels.MEMORY_PATH  # the daemons' tier-1 folder, as pods mount it
+    kv_pool_bytes: str = KV_POOL_BYTES  # each daemon's part of the KV-cache pool
     image: str = kubelet.IMAGE  # pods of this image run as processes
     daemons_from: str = "sim"  # "sim": it runs a daemon per node; "chart": the DaemonSet's pods
     shared_paths: tuple[str, ...] = ()  # host paths every node shares (a shared file system)
@@ -353,6 +355,7 @@ class Sim:
             f"--memory-dir={self.memory_path}",
             "--memory-bytes=256Mi",
             "--memory-headroom=32Mi",
+            f"--kv-pool-bytes={self.kv_pool_bytes}",
             f"--secret-file={self.secret_file}",
             f"--persistent-root={self.persistent_root or self.folder / 'persistent'}",
             "--log-level=WARNING",
