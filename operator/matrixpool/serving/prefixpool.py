@@ -36,8 +36,11 @@ REMEMBERED = 4096  # hits kept for the engine to read (it reads each once, at ad
 
 
 class Found(Protocol):
-    tokens: int
-    remote: bool
+    @property
+    def tokens(self) -> int: ...
+
+    @property
+    def remote(self) -> bool: ...
 
 
 class Pool(Protocol):
