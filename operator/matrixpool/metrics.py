@@ -111,3 +111,25 @@ PEER_ASSIGNMENTS = Counter(
     "matrixpool_peer_assignments_total",
     "Checkpoint daemons told their tier-1 peers (a changed list, or a daemon that started again).",
 )
+AUTOSCALER_REPLICAS = Gauge(
+    "matrixpool_autoscaler_replicas",
+    "The inference autoscaler's last recommendation: replicas by service and role (mode Auto:"
+    " served; Advisory: advice only).",
+    ["namespace", "service", "role", "mode"],
+)
+AUTOSCALER_CHANGES = Counter(
+    "matrixpool_autoscaler_changes_total",
+    "Recommendations that changed a service's replicas, by direction (up, down, mixed).",
+    ["mode", "direction"],
+)
+KV_POOL_BYTES = Gauge(
+    "matrixpool_kv_pool_bytes",
+    "A SuperNode's KV-cache pool: its capacity (spec.memoryPool.perNode × member nodes) and"
+    " the bytes reserved by admitted InferenceServices.",
+    ["supernode", "state"],
+)
+KV_SERVICES = Gauge(
+    "matrixpool_kv_services",
+    "InferenceServices with spec.kvCache, admitted to their SuperNode's pool or waiting.",
+    ["supernode", "state"],
+)

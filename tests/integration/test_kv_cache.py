@@ -155,6 +155,9 @@ def test_a_service_is_admitted_to_the_pool_and_serves_a_repeated_prefix_from_it(
         timeout=60, what="late waiting for room in the pool",
     )  # fmt: skip
     assert "1Gi free" in ready(cluster, namespace, "late")["message"]
+    wide = cluster.kubectl("get", "infer", "-n", namespace, "-o", "wide").stdout
+    print(wide)
+    assert [line.split()[6] for line in wide.splitlines()[1:]] == ["2Gi", "<none>"]  # KV
     events = cluster.kubectl("get", "events", "-n", namespace, "-o", "json").stdout
     reasons = {(e["involvedObject"]["name"], e["reason"]) for e in json.loads(events)["items"]}
     assert ("late", "KVCachePoolFull") in reasons

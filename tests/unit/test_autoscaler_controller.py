@@ -11,6 +11,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from matrixpool import clock
 from matrixpool.api import inferenceservice
@@ -249,3 +250,27 @@ async def test_after_a_start_a_light_load_waits_a_whole_window_before_scaling_do
     await two_readings(service(status={"roles": roles, "recommendation": served}), act, ticking,
                        light)  # fmt: skip
     assert act.statuses == []  # the operator (re)started: 6 and 3 are held for 300 s
+
+
+@synchronously
+async def test_the_recommendation_is_a_metric_series_per_role_dropped_when_the_service_goes(
+    act: recorder.Recorder, ticking: Ticking
+) -> None:
+    def replicas(role: str) -> float | None:
+        labels = {"namespace": "ns", "service": "chat", "role": role, "mode": "Auto"}
+        return REGISTRY.get_sample_value("matrixpool_autoscaler_replicas", labels)
+
+    ups = REGISTRY.get_sample_value(
+        "matrixpool_autoscaler_changes_total", {"mode": "Auto", "direction": "up"}
+    )
+    memory = await two_readings(service(), act, ticking, HEAVY)
+    [written] = act.status_of("chat", "recommendation")
+    roles = {r["name"]: r["replicas"] for r in written["roles"]}
+    assert replicas("prefill") == roles["prefill"] == 8
+    assert replicas("decode") == roles["decode"]
+    after = REGISTRY.get_sample_value(
+        "matrixpool_autoscaler_changes_total", {"mode": "Auto", "direction": "up"}
+    )
+    assert (after or 0) == (ups or 0) + 1  # prefill 2 → 8, decode 1 → at least 1: up
+    memory.forget("uid-chat")
+    assert replicas("prefill") is None

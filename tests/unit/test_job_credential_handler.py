@@ -24,7 +24,8 @@ def test_written_once_and_tried_again_after_a_failure(monkeypatch: pytest.Monkey
     asked: list[tuple[str, str]] = []
     failing = [True]
 
-    async def ensure(namespace: str, uid: str, token: str, owner: Any) -> bool:
+    async def ensure(namespace: str, uid: str, token: str, owner: Any, component: str) -> bool:
+        assert component == credentials.secrets.JOB
         asked.append((namespace, uid))
         if failing[0]:
             raise RuntimeError("the API server is away")
@@ -50,4 +51,28 @@ def test_without_the_cluster_secret_there_is_nothing_to_write(
     monkeypatch.setattr(credentials.checkpoints, "job_token_for", lambda uid: None)
     memo = kopf.Memo()
     call(memo)
+    assert not credentials._unwritten(type="MODIFIED", memo=memo)
+
+
+def test_a_service_with_a_kv_cache_gets_its_service_token_and_one_without_gets_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    written: list[tuple[str, str, str]] = []
+
+    async def ensure(namespace: str, uid: str, token: str, owner: Any, component: str) -> bool:
+        written.append((uid, token, component))
+        return True
+
+    monkeypatch.setattr(credentials.checkpoints, "service_token_for", lambda uid: f"svc-{uid}")
+    monkeypatch.setattr(credentials.secrets, "ensure", ensure)
+    memo = kopf.Memo()
+    assert not credentials._unwritten_kv(type=None, memo=memo, spec=kopf.Spec({}))
+    assert credentials._unwritten_kv(
+        type=None, memo=memo, spec=kopf.Spec({"spec": {"kvCache": {"bytes": "1Gi"}}})
+    )
+    body = kopf.Body({"apiVersion": "matrixpool.dev/v1alpha1", "kind": "InferenceService"})
+    asyncio.run(
+        credentials.service_credential(uid="s1", name="chat", namespace="ns", body=body, memo=memo)
+    )
+    assert written == [("s1", "svc-s1", credentials.secrets.SERVICE)]
     assert not credentials._unwritten(type="MODIFIED", memo=memo)

@@ -9,6 +9,9 @@ import asyncio
 import dataclasses
 from typing import Any
 
+from prometheus_client import REGISTRY
+
+from matrixpool import metrics
 from matrixpool.api import inferenceservice, supernode
 from matrixpool.handlers import kvquotas, scheduler, world
 from matrixpool.handlers.workloads import Workload
@@ -175,3 +178,17 @@ def test_a_daemon_is_told_again_only_when_its_quotas_change_or_it_restarts() -> 
     assert list(again.kv_quotas) == [endpoint("n2")]
     told(seen, {}, again, memory=quotas, started={"n2": 5.0})  # the service went
     assert again.kv_quotas[endpoint("n0")] == {}
+
+
+def test_the_pool_and_its_services_are_in_the_operators_metrics() -> None:
+    big, late = service("big", "48Gi", "t0"), service("late", "32Gi", "t1")
+    cycle(pooled([big, late]), scheduler.Memory(), Recorder())
+
+    def sample(name: str, state: str) -> float | None:
+        return REGISTRY.get_sample_value(name, {"supernode": "sn-a", "state": state})
+
+    assert metrics.KV_POOL_BYTES  # registered
+    assert sample("matrixpool_kv_pool_bytes", "capacity") == 64 << 30
+    assert sample("matrixpool_kv_pool_bytes", "reserved") == 48 << 30
+    assert sample("matrixpool_kv_services", "admitted") == 1
+    assert sample("matrixpool_kv_services", "waiting") == 1

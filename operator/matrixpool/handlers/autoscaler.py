@@ -37,7 +37,7 @@ from fractions import Fraction
 
 import structlog
 
-from matrixpool import clock
+from matrixpool import clock, metrics
 from matrixpool.api import common, inferenceservice
 from matrixpool.handlers import background
 from matrixpool.handlers import world as read_model
@@ -65,6 +65,7 @@ class Service:
     fresh: dict[str, readings.Reading] | None = None  # the reading just back, not used yet
     next_at: float = 0.0  # monotonic time of the next reading
     written: tuple[str, int, int] | None = None  # (mode, prefill, decode) last written
+    series: list[tuple[str, ...]] = field(default_factory=list)  # its metric series' labels
 
 
 @dataclass
@@ -75,8 +76,10 @@ class Memory:
     tasks: background.Tasks = field(default_factory=background.Tasks)
 
     def forget(self, uid: str) -> None:
-        self.services.pop(uid, None)
+        gone = self.services.pop(uid, None)
         self.tasks.cancel(uid)
+        for labels in gone.series if gone is not None else ():
+            metrics.AUTOSCALER_REPLICAS.remove(*labels)
 
 
 async def run(world: read_model.World, memory: Memory, act: executor.Executor) -> None:
@@ -166,9 +169,32 @@ async def decide(
         {"recommendation": common.to_wire(status)},
     )
     state.written = wanted
+    after = estimator.Replicas(decision.prefill, decision.decode)
+    observe(workload, state, str(mode), roles, current, after)
     kind = "Scaled" if mode == inferenceservice.AutoscalingMode.AUTO else "Recommended"
     act.event(workload.ref, "Normal", kind, f"{status.summary}: {'; '.join(reasons[:3])}")
     log.info("autoscaler", service=workload.key, mode=str(mode), replicas=status.summary)
+
+
+def observe(
+    workload: Workload,
+    state: Service,
+    mode: str,
+    roles: list[inferenceservice.RoleRecommendation],
+    before: estimator.Replicas,
+    after: estimator.Replicas,
+) -> None:
+    """The recommendation's metric series (one per role) and which way it moved."""
+    for labels in state.series:
+        metrics.AUTOSCALER_REPLICAS.remove(*labels)
+    state.series = [(workload.namespace, workload.name, r.name, mode) for r in roles]
+    for labels, role in zip(state.series, roles, strict=True):
+        metrics.AUTOSCALER_REPLICAS.labels(*labels).set(role.replicas)
+    pairs = ((before.prefill, after.prefill), (before.decode, after.decode))
+    moves = {(new > old) - (new < old) for old, new in pairs} - {0}
+    if moves:
+        direction = "mixed" if len(moves) > 1 else ("up" if moves == {1} else "down")
+        metrics.AUTOSCALER_CHANGES.labels(mode, direction).inc()
 
 
 @dataclass(frozen=True)

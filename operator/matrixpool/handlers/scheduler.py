@@ -1352,7 +1352,28 @@ def kv_admission(world: World, memory: Memory) -> dict[str, kv_pool.Decision]:
                 held,
             )
         )
-    return kv_pool.admit(pools, claims) if claims else {}
+    decisions = kv_pool.admit(pools, claims) if claims else {}
+    observe_kv(pools, claims, decisions)
+    return decisions
+
+
+def observe_kv(
+    pools: Mapping[str, kv_pool.Pool],
+    claims: Sequence[kv_pool.Claim],
+    decisions: Mapping[str, kv_pool.Decision],
+) -> None:
+    """The pools' capacity and reservations, and the services admitted and waiting."""
+    for name, found in pools.items():
+        if found.per_node_bytes <= 0:
+            continue
+        mine = [c for c in claims if c.super_node == name]
+        admitted = [decisions[c.uid] for c in mine]
+        reserved = sum(d.bytes for d in admitted if isinstance(d, kv_pool.Admitted))
+        metrics.KV_POOL_BYTES.labels(name, "capacity").set(found.capacity_bytes)
+        metrics.KV_POOL_BYTES.labels(name, "reserved").set(reserved)
+        held = sum(isinstance(d, kv_pool.Admitted) for d in admitted)
+        metrics.KV_SERVICES.labels(name, "admitted").set(held)
+        metrics.KV_SERVICES.labels(name, "waiting").set(len(mine) - held)
 
 
 def kv_status(kv: kv_pool.Decision, world: World) -> dict[str, Any]:
