@@ -235,6 +235,14 @@ def test_jobs_shows_the_autoscalers_replicas_and_marks_advice() -> None:
     assert auto.autoscaled == "prefill 3, decode 1"
 
 
+def test_jobs_shows_a_services_kv_cache_reservation_or_that_it_waits() -> None:
+    admitted = {"admitted": True, "reserved": "2Gi", "quotaPerNode": "42Mi", "nodes": 48}
+    [held] = report.job_rows([], [inference_service("chat", kvCache=admitted)], [])
+    [waits] = report.job_rows([], [inference_service("late", kvCache={"admitted": False})], [])
+    [none] = report.job_rows([], [inference_service("plain")], [])
+    assert (held.kv, waits.kv, none.kv) == ("2Gi", "waiting", "")
+
+
 def test_jobs_puts_training_before_inference_and_a_fresh_service_is_not_ready() -> None:
     rows = report.job_rows([training_job("z")], [inference_service("a")], [])
     assert [(r.kind, r.phase, r.desired) for r in rows] == [

@@ -84,11 +84,11 @@ def status_table(rows: Iterable[report.StatusRow]) -> str:
 def jobs_table(rows: Iterable[report.JobRow]) -> str:
     headers = ("NAMESPACE", "KIND", "NAME", "PHASE", "SUPERNODES", "CARDS")
     return table(
-        (*headers, "DESIRED", "BOUND", "RUNNING", "AUTOSCALED"),
+        (*headers, "DESIRED", "BOUND", "RUNNING", "AUTOSCALED", "KV"),
         (
             (
                 *(r.namespace, r.kind, r.name, r.phase, r.supernodes, r.cards),
-                *(r.desired, r.bound, r.running, r.autoscaled),
+                *(r.desired, r.bound, r.running, r.autoscaled, r.kv),
             )
             for r in rows
         ),

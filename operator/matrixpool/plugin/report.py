@@ -101,6 +101,7 @@ class JobRow:
     bound: int  # pods bound to a node
     running: int  # pods running
     autoscaled: str = ""  # a service's status.recommendation at a glance; "" without one
+    kv: str = ""  # a service's KV-cache reservation: "2Gi", "waiting"; "" without spec.kvCache
 
 
 @dataclass(frozen=True)
@@ -306,7 +307,15 @@ def _inference_row(body: Obj, pods: list[Obj]) -> JobRow:
         bound=sum(1 for p in own if (p.get("spec") or {}).get("nodeName")),
         running=sum(1 for p in own if (p.get("status") or {}).get("phase") == "Running"),
         autoscaled=_autoscaled(status.recommendation),
+        kv=_kv(status.kv_cache),
     )
+
+
+def _kv(kv: inferenceservice.KvCacheStatus | None) -> str:
+    """The bytes reserved in the KV-cache pool, or ``waiting``."""
+    if kv is None:
+        return ""
+    return (kv.reserved or "") if kv.admitted else "waiting"
 
 
 def _autoscaled(advice: inferenceservice.Recommendation | None) -> str:
