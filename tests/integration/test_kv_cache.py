@@ -157,7 +157,10 @@ def test_a_service_is_admitted_to_the_pool_and_serves_a_repeated_prefix_from_it(
     assert "1Gi free" in ready(cluster, namespace, "late")["message"]
     wide = cluster.kubectl("get", "infer", "-n", namespace, "-o", "wide").stdout
     print(wide)
-    assert [line.split()[6] for line in wide.splitlines()[1:]] == ["2Gi", "<none>"]  # KV
+    header, *rows = wide.splitlines()
+    kv_at = header.index(" KV ") + 1
+    assert [row[kv_at:].split(" ", 1)[0] for row in rows] == ["2Gi", ""], wide
+    assert rows[1].split()[1:4] == ["False", "serve", "0/1"], wide  # late: none of its 1 ready
     events = cluster.kubectl("get", "events", "-n", namespace, "-o", "json").stdout
     reasons = {(e["involvedObject"]["name"], e["reason"]) for e in json.loads(events)["items"]}
     assert ("late", "KVCachePoolFull") in reasons

@@ -968,6 +968,12 @@ class Cycle:
         assert isinstance(workload.model, inferenceservice.InferenceService)
         spec = workload.model.spec
         by_name = {p.name: p for p in facts}
+        kv = self.kv.get(workload.uid)
+        waiting = (  # a service waiting for the KV pool has no gangs: show what it wants
+            {r.name: r.replicas for r in workload.served_spec().roles}
+            if isinstance(kv, kv_pool.Waiting)
+            else {}
+        )
         roles = []
         for role in spec.roles:
             role_gangs = [g for g in plans if g.role == role.name]
@@ -976,16 +982,14 @@ class Cycle:
                 for g in role_gangs
                 if all(by_name.get(p.name) and by_name[p.name].ready for p in g.pods)
             )
-            roles.append(
-                inferenceservice.RoleStatus(name=role.name, replicas=len(role_gangs), ready=ready)
-            )
+            wanted = waiting.get(role.name, len(role_gangs))
+            roles.append(inferenceservice.RoleStatus(name=role.name, replicas=wanted, ready=ready))
         expert_map = await self.write_expert_map(workload, plans, by_name, just_bound)
         all_pods = [p for g in plans for p in g.pods]
         bound = [_placed(p, by_name, just_bound) for p in all_pods]
         placed = [b for b in bound if b is not None]
         complete = len(placed) == len(all_pods) and bool(all_pods)
         reason = self.first_reason(plans)
-        kv = self.kv.get(workload.uid)
         if isinstance(kv, kv_pool.Waiting):
             reason = model.Reason(kv.reason.value, kv.message)
         condition = _condition(
