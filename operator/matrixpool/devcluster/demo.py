@@ -15,7 +15,11 @@ Steps, each printed with its measured time (a ticking progress line on every lon
 5. the fast clock's day → night transition on sn-0 (inference shrinks, the night-only job runs);
 6. a bad card under a training rank (``cards NODE 3``) and its recovery;
 7. the night → day transition (the night-only job checkpoints and is suspended);
-8. ``kubectl matrixpool status`` and ``recoveries``, then the summary: placements, transitions
+8. a day of chat load on sn-1 compressed into 90 s (:mod:`matrixpool.devcluster.daychat`): the
+   service's prefill and decode instances run the simulated inference server, the autoscaler
+   follows the load, and its KV cache is reserved in sn-1's KV-cache pool (the chart's daemons
+   lend 64Mi each); the replicas every 3 s, then failed requests and SLO attainment;
+9. ``kubectl matrixpool status`` and ``recoveries``, then the summary: placements, transitions
    (SuperNode ``status.transition`` as observed) and recoveries (TrainingJob
    ``status.recoveries``) with level and lost steps.
 
@@ -48,7 +52,7 @@ from typing import Any, TypeVar
 import yaml
 
 from matrixpool import clock
-from matrixpool.devcluster import binaries, cluster, topology, trainer
+from matrixpool.devcluster import binaries, cluster, daychat, topology, trainer
 from matrixpool.plugin import render, report
 
 DEMO_SHAPE = topology.Shape(supernodes=2)
@@ -104,6 +108,8 @@ APPLY_ORDER = (  # the service first (it wins the day), then training that fits 
     "trainingjob-night-only.yaml",
 )
 SKIPPED = {"supernode-nvl72.yaml": "no GPU nodes in the local cluster"}
+KV_POOL_PER_NODE = "64Mi"  # sn-1's memoryPool.perNode: the daemons' kvPoolBytes here
+AUTOSCALER_PERIOD = "3"  # seconds between the autoscaler's readings (15 by default)
 
 
 class DemoError(RuntimeError):
@@ -138,6 +144,7 @@ class Demo:
     observer: TransitionObserver | None = None
     snapshots: list[dict[str, Any]] = field(default_factory=list)
     faults: list[dict[str, Any]] = field(default_factory=list)
+    serving: dict[str, Any] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
     metrics_port: int = field(default_factory=lambda: cluster.free_ports(1)[0])
     daemon_port: int = field(default_factory=lambda: cluster.free_ports(1)[0])  # sim and operator
@@ -188,6 +195,7 @@ class Demo:
             day = self.wait_transition("day", tick, after=night["startedAt"])
         self.narrate_transition(day)
         self.snapshot("day again")
+        self.serve_a_day()
         with self.step("kubectl matrixpool status"):
             print(self.plugin("status"))
         with self.step(f"kubectl matrixpool recoveries finetune-elastic -n {DEMO_NAMESPACE}"):
@@ -205,10 +213,12 @@ class Demo:
         clock_env = [
             {"name": clock.START_ENV, "value": self.plan.clock_start},
             {"name": clock.SPEED_ENV, "value": str(self.plan.clock_speed)},
+            {"name": "MATRIXPOOL_AUTOSCALER_PERIOD_SECONDS", "value": AUTOSCALER_PERIOD},
         ]
         ports = (
             f"checkpointDaemon.port={self.daemon_port},metrics.port={self.metrics_port},"
-            f"operator.healthPort={self.health_port}"
+            f"operator.healthPort={self.health_port},"
+            f"checkpointDaemon.kvPoolBytes={KV_POOL_PER_NODE}"
         )
         helm = binaries.ensure(progress=lambda _: None) / "helm"
         homes = {
@@ -275,6 +285,8 @@ class Demo:
         which the sim runs as a process; the example's own image is only named) in place of
         the example's container, stepping every ``step_seconds``."""
         body = copy.deepcopy(body)
+        if body["kind"] == "SuperNode" and body["metadata"]["name"] == HOME:
+            body["spec"]["memoryPool"] = {"perNode": KV_POOL_PER_NODE}  # what the daemons lend
         if body["kind"] != "TrainingJob":
             return body
         spec = body["spec"]
@@ -295,6 +307,51 @@ class Demo:
             spec["checkpoint"]["memory"]["everySteps"] = every
         spec.update(override)
         return body
+
+    def serve_a_day(self) -> None:
+        with self.step(
+            f"a day of chat load on {HOME} in 90 s: the autoscaler follows it, the KV pool holds"
+            " its prefixes"
+        ) as tick:
+            body = daychat.service(HOME, "1Gi")
+            out = self.kubectl("apply", "-n", DEMO_NAMESPACE, "-f", "-", input=json.dumps(body))
+            print(f"  {out.stdout.strip()}  (prefill 1..3 + decode 1..3 instances of 1 card)")
+            endpoints = daychat.Endpoints(self.get, DEMO_NAMESPACE)
+            self.wait(lambda: all(endpoints.read()), "chat's servers answering", tick)
+            day = daychat.play(self.get, DEMO_NAMESPACE)
+        print(
+            render.table(
+                ("SECONDS", "LOAD (RPS)", "RECOMMENDED", "SERVING (PREFILL+DECODE)"),
+                (
+                    (
+                        s.at_s,
+                        s.load_rps,
+                        ", ".join(f"{k} {v}" for k, v in s.recommended.items()) or "-",
+                        f"{s.serving[0]}+{s.serving[1]}",
+                    )
+                    for s in day.samples
+                ),
+            )
+        )
+        summary = day.summary()
+        status = self.get("inferenceservice", daychat.NAME, "-n", DEMO_NAMESPACE).get("status")
+        kv = (status or {}).get("kvCache") or {}
+        self.serving = {
+            "sent": summary.sent,
+            "failed": summary.failed,
+            "attainment": summary.attainment,
+            "settledAttainment": round(day.settled_attainment(), 4),
+            "ttftP50": summary.ttft_p50_s,
+            "kvCache": kv,
+            "samples": [s.__dict__ for s in day.samples],
+        }
+        print(
+            f"  {summary.sent} requests, {summary.failed} failed; both targets (TTFT"
+            f" {daychat.TTFT_S:g} s, TPOT {daychat.TPOT_S * 1000:g} ms) met by"
+            f" {100 * (summary.attainment or 0):.1f}% ({100 * day.settled_attainment():.1f}% once"
+            f" each part of the day settled); KV cache: {kv.get('reserved', 'waiting')} reserved"
+            f" in {HOME}'s pool, {kv.get('quotaPerNode', '-')} on each node"
+        )
 
     def fault_node_down(self) -> None:
         job = "finetune-elastic"
@@ -372,6 +429,7 @@ class Demo:
             "transitions": transitions,
             "recoveries": recoveries,
             "faults": self.faults,
+            "serving": self.serving,
             "kubeconfig": str(self.local.kubeconfig),
             "metrics": f"http://127.0.0.1:{self.metrics_port}/metrics",
             "simFolder": str(self.folder / "sim"),
