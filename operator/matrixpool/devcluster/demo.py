@@ -15,9 +15,9 @@ Steps, each printed with its measured time (a ticking progress line on every lon
 5. the fast clock's day → night transition on sn-0 (inference shrinks, the night-only job runs);
 6. a bad card under a training rank (``cards NODE 3``) and its recovery;
 7. the night → day transition (the night-only job checkpoints and is suspended);
-8. (not with ``--fast``) a day of chat load on sn-1 compressed into 90 s (:mod:`matrixpool.devcluster.daychat`): the
-   service's prefill and decode instances run the simulated inference server, the autoscaler
-   follows the load, and its KV cache is reserved in sn-1's KV-cache pool (the chart's daemons
+8. (not with ``--fast``) a day of chat load on sn-1 compressed into 90 s
+   (:mod:`matrixpool.devcluster.daychat`): the service's prefill and decode instances run the
+   simulated inference server, the autoscaler follows the load, and its KV cache is reserved in sn-1's KV-cache pool (the chart's daemons
    lend 64Mi each); the replicas every 3 s, then failed requests and SLO attainment;
 9. ``kubectl matrixpool status`` and ``recoveries``, then the summary: placements, transitions
    (SuperNode ``status.transition`` as observed) and recoveries (TrainingJob
@@ -26,8 +26,8 @@ Steps, each printed with its measured time (a ticking progress line on every lon
 The faults hit sn-1, which is not time-shared, so they never race a transition. ``--fast`` (CI)
 runs the same story with smaller training jobs (4 ranks each, so no job spans two supernodes),
 quicker checkpoints and a faster clock, and without the day of chat load (its minute and a half
-would outlast the day window the summary is checked in). ``--summary-json FILE`` writes the summary as JSON too;
-``--keep`` holds everything up after the summary until Ctrl-C. Every process the demo starts
+would outlast the day window the summary is checked in). ``--summary-json FILE`` writes the
+summary as JSON too; ``--keep`` holds everything up after the summary until Ctrl-C. Every process the demo starts
 dies with it.
 """
 
