@@ -17,8 +17,9 @@ Steps, each printed with its measured time (a ticking progress line on every lon
 7. the night → day transition (the night-only job checkpoints and is suspended);
 8. (not with ``--fast``) a day of chat load on sn-1 compressed into 90 s
    (:mod:`matrixpool.devcluster.daychat`): the service's prefill and decode instances run the
-   simulated inference server, the autoscaler follows the load, and its KV cache is reserved in sn-1's KV-cache pool (the chart's daemons
-   lend 64Mi each); the replicas every 3 s, then failed requests and SLO attainment;
+   simulated inference server, the autoscaler follows the load, and its KV cache is reserved
+   in sn-1's KV-cache pool (the chart's daemons lend 64Mi each); the replicas every 3 s, then
+   failed requests and SLO attainment;
 9. ``kubectl matrixpool status`` and ``recoveries``, then the summary: placements, transitions
    (SuperNode ``status.transition`` as observed) and recoveries (TrainingJob
    ``status.recoveries``) with level and lost steps.
@@ -27,8 +28,8 @@ The faults hit sn-1, which is not time-shared, so they never race a transition. 
 runs the same story with smaller training jobs (4 ranks each, so no job spans two supernodes),
 quicker checkpoints and a faster clock, and without the day of chat load (its minute and a half
 would outlast the day window the summary is checked in). ``--summary-json FILE`` writes the
-summary as JSON too; ``--keep`` holds everything up after the summary until Ctrl-C. Every process the demo starts
-dies with it.
+summary as JSON too; ``--keep`` holds everything up after the summary until Ctrl-C. Every
+process the demo starts dies with it.
 """
 
 from __future__ import annotations
