@@ -42,17 +42,17 @@ unit: venv
 	$(BIN)/pytest tests/unit -q
 
 integration: venv binaries
-	$(BIN)/pytest tests/integration -q
+	$(BIN)/pytest tests/integration -q --durations=10
 
 chaos: venv binaries
-	$(BIN)/pytest tests/chaos -q
+	$(BIN)/pytest tests/chaos -q --durations=5
 
 checkpoint: venv
-	$(BIN)/pytest tests/checkpoint -q
+	$(BIN)/pytest tests/checkpoint -q --durations=5
 
 # The chart installed by helm, its operator and daemons run by matrixpool sim's process kubelet.
 e2e: venv binaries
-	$(BIN)/pytest tests/e2e -q
+	$(BIN)/pytest tests/e2e -q --durations=5
 
 # The matrixpool image from Debian packages (mmdebstrap, this machine's apt sources) and the
 # project's wheel, no registry; loaded into the running local cluster's real nodes, if any.
@@ -62,7 +62,7 @@ image: venv
 
 # Real nodes (kubelet + containerd + runc), the image and the chart in real containers; root.
 real-nodes: venv binaries
-	$(BIN)/pytest tests/realnodes -q
+	$(BIN)/pytest tests/realnodes -q --durations=5
 
 # The PyTorch trainer (Debian's python3-torch, CPU) against real checkpoint daemons.
 torch: venv
