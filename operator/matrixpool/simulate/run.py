@@ -35,13 +35,9 @@ from matrixpool.simulate import cluster, costs, failures, model
 from matrixpool.timeshare import split, windows
 from matrixpool_recovery import policy
 
-WAITING, RUNNING, RECOVERING, SUSPENDED, DONE = (
-    "waiting",
-    "running",
-    "recovering",
-    "suspended",
-    "done",
-)
+FUTURE, WAITING, RUNNING = "future", "waiting", "running"  # not arrived; queued; training
+RECOVERING, SUSPENDED, DONE = "recovering", "suspended", "done"  # placed, not yet training;
+# evicted by a window until a later one gives it cards; finished
 TIDAL_KILL = "TidalKill"  # a record of progress lost to an eviction without checkpoint
 SERVICE = split.WorkloadKey("infer/decode")  # the one InferenceService of a run
 FAULT_KINDS = {
@@ -64,7 +60,7 @@ class Job:
     work: float | None  # useful seconds to do; None: train until the horizon
     arrival: float
     every: tuple[int, int, int]  # memory, local, persistent intervals in steps (0: off)
-    state: str = WAITING
+    state: str = FUTURE
     progress: float = 0.0  # useful seconds kept
     since: float = 0.0  # when progress last advanced (RUNNING)
     node_of: dict[int, NodeName] = field(default_factory=dict)  # rank -> node
@@ -80,6 +76,7 @@ class Job:
     lost_steps: int = 0
     held_card_seconds: float = 0.0
     recoveries: int = 0
+    resume_tier: str = "peers"  # where a placed-again job reads: memory held elsewhere
 
     @property
     def cards(self) -> int:
@@ -220,10 +217,13 @@ class Run:
     # ---- jobs ---------------------------------------------------------------------------------
 
     def _on_arrive(self, key: placement.GangKey) -> None:
-        self._admit([self.by_key[key]])
+        job = self.by_key[key]
+        job.state = WAITING
+        self._admit([job])
 
     def _admit(self, jobs: list[Job]) -> None:
-        """Place waiting or suspended jobs that may run now, highest priority first."""
+        """Place waiting (or, at a window boundary, suspended) jobs that may run now, highest
+        priority first."""
         snapshot, whole = self.pool.snapshot, self.config.cluster.cards_per_node
         free = sum(snapshot.sn_free)
         empty = sum(map(len, snapshot.rack_empty))  # nodes with every card free
@@ -244,10 +244,10 @@ class Run:
         if placed is None:
             return False
         self._placed(job, placed)
-        tier = "peers" if job.progress and self.policy.fast_tiers else "persistent"
-        restore = costs.restore_from(self.costs, tier, job.pods, job.gb_per_rank)
-        if not job.progress:
-            restore = 0.0
+        restore = 0.0  # a first start reads nothing
+        if job.progress:
+            tier = job.resume_tier if self.policy.fast_tiers else "persistent"
+            restore = costs.restore_from(self.costs, tier, job.pods, job.gb_per_rank)
         breakdown = costs.resume(self.costs, job.pods, job.cards, restore)
         job.first_start = self.now if job.first_start is None else job.first_start
         self._resume_after(job, breakdown.total)
@@ -284,7 +284,7 @@ class Run:
         if job.fault_at is not None and job.level is not None:
             self.recoveries[-1 - self._pending(job)].seconds = self.now - job.fault_at
         job.fault_at = job.level = None
-        job.state, job.since = RUNNING, self.now
+        job.state, job.since, job.resume_tier = RUNNING, self.now, "peers"
         if job.work is not None:
             self._push(self.now + job.work - job.progress, "finish", (job.key, job.epoch))
 
@@ -319,7 +319,7 @@ class Run:
         for sn in self.pool.spares:
             if len(self.pool.spares[sn]) < self.pool.spare_target:
                 self.pool.refill(sn)
-        self._admit([j for j in self.jobs if j.state in (WAITING, SUSPENDED)])
+        self._admit([j for j in self.jobs if j.state == WAITING])
 
     # ---- faults -------------------------------------------------------------------------------
 
@@ -533,6 +533,8 @@ class Run:
         while len(self.replicas) > self._target_replicas:
             self._drop_replica(self.replicas[-1].gang)
         self._fill_inference()
+        runs = [j for j in self.jobs if target.training.get(_wkey(j), 0) > 0]
+        self._admit([j for j in runs if j.state in (WAITING, SUSPENDED)])
         self._after_release()
 
     def _split(self, window: Any) -> split.Split:
@@ -544,13 +546,15 @@ class Run:
         most = max(w.inference_cards for w in self.config.inference.time_sharing.windows)  # type: ignore[union-attr]
         role = split.RoleDemand("decode", most * c.supernodes // size, 0, size)
         service = split.InferenceDemand(SERVICE, self.config.inference.priority, (role,))
-        jobs = [_demand(j) for j in self.jobs if j.state != DONE and j.arrival <= self.now]
+        jobs = [_demand(j) for j in self.jobs if j.state not in (FUTURE, DONE)]
         return split.target_split(pool_cards, whole, [service], jobs)
 
     def _suspend(self, job: Job) -> None:
         """Evicted by the window: checkpoint first, or killed (progress back to tier 3)."""
         job.advance(self.now)
+        job.resume_tier = "peers"  # its checkpoint stays in the daemons' memory
         if self.policy.tidal == "kill":
+            job.resume_tier = "persistent"
             lost = self._lose(job, job.steps()[2])
             self.recoveries.append(
                 Recovery(job.key, job.cards, TIDAL_KILL, 0.0, _steps(job, lost), costs.NOTHING)
