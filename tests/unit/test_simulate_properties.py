@@ -125,3 +125,22 @@ def test_the_command_prints_the_json_object_last(capsys: pytest.CaptureFixture[s
     figures = json.loads(last)
     assert set(figures["goodput"]) == {"matrixpool"}
     assert figures["recoveries"]["matrixpool"]["InPlace"]["count"] == 1
+
+
+def test_the_trace_follows_the_rates_and_a_rack_fault_takes_a_whole_rack() -> None:
+    config = small(seed=7)
+    trace = run.failures.trace(config)
+    cluster = config.cluster
+    hours = config.horizon_days * 24
+    for component in model.COMPONENTS:
+        expected = config.failures.per_card_hour(component) * cluster.cards * hours
+        seen = sum(1 for f in trace if f.component == component)
+        assert abs(seen - expected) <= 4 * expected**0.5 + 1, component
+    racks = [f for f in trace if f.component == "rack"]
+    assert racks
+    for fault in racks:
+        assert len(fault.nodes) == cluster.nodes_per_rack
+        first = fault.nodes[0]
+        assert first % cluster.nodes_per_rack == 0
+        assert fault.nodes == tuple(range(first, first + cluster.nodes_per_rack))
+    assert trace == sorted(trace)

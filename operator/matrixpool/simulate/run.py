@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from matrixpool.api import supernode
 from matrixpool.placement import model as placement
 from matrixpool.placement.inventory import NodeName
 from matrixpool.simulate import cluster, costs, failures, model
@@ -94,7 +95,8 @@ class Job:
     def steps(self) -> tuple[int, int, int]:
         """The newest step each tier holds (0: none yet)."""
         step = int(self.progress / self.klass.step_seconds + 1e-9)
-        return tuple(step // e * e if e else 0 for e in self.every)  # type: ignore[return-value]
+        memory, local, persistent = (step // e * e if e else 0 for e in self.every)
+        return memory, local, persistent
 
 
 @dataclass
@@ -154,7 +156,8 @@ class Run:
         self.replicas: list[placement.Placement] = []  # inference replicas placed
         self.failed = 0
         self.faults = 0
-        self.window: str | None = None
+        self.window: str | None = None  # the time window in force
+        self._target_replicas = 0  # inference replicas the window's split allows
         self._schedule(trace)
 
     # ---- the loop -----------------------------------------------------------------------------
@@ -396,6 +399,8 @@ class Run:
         return [policy.Fault(kind, policy.NodeName(n)) for n in mine]
 
     def _view(self, job: Job) -> policy.JobView:
+        # placement's and recovery's NodeName are two NewTypes of str: the pool's mappings are
+        # passed as they are, not copied per fault (hence the ignores)
         return policy.JobView(
             key=job.key,
             world_size=job.pods,
@@ -537,14 +542,14 @@ class Run:
         self._admit([j for j in runs if j.state in (WAITING, SUSPENDED)])
         self._after_release()
 
-    def _split(self, window: Any) -> split.Split:
-        c = self.config.cluster
+    def _split(self, window: supernode.TimeWindow) -> split.Split:
+        c, sharing = self.config.cluster, self.config.inference.time_sharing
+        assert sharing is not None
         pool_cards = c.cards - self.pool.spare_target * c.supernodes * c.cards_per_node
-        cap = window.inference_cards * c.supernodes
-        whole = window.model_copy(update={"inference_cards": cap})
+        whole = window.model_copy(update={"inference_cards": window.inference_cards * c.supernodes})
         size = self.config.inference.replica_cards
-        most = max(w.inference_cards for w in self.config.inference.time_sharing.windows)  # type: ignore[union-attr]
-        role = split.RoleDemand("decode", most * c.supernodes // size, 0, size)
+        most = max(w.inference_cards for w in sharing.windows) * c.supernodes
+        role = split.RoleDemand("decode", most // size, 0, size)
         service = split.InferenceDemand(SERVICE, self.config.inference.priority, (role,))
         jobs = [_demand(j) for j in self.jobs if j.state not in (FUTURE, DONE)]
         return split.target_split(pool_cards, whole, [service], jobs)
@@ -565,8 +570,6 @@ class Run:
         job.epoch += 1
         self._release(job)
         job.state = SUSPENDED
-
-    _target_replicas = 0
 
     def _fill_inference(self) -> None:
         size = self.config.inference.replica_cards
