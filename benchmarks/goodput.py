@@ -3,7 +3,7 @@ under matrixpool's recovery and four baselines, from one run of the simulator.
 
     .venv/bin/python benchmarks/goodput.py --json --plot-dir docs/img
 
-Runs ``examples/simulate-llama3.yaml`` (or ``--file``) through :mod:`matrixpool.simulate`: the
+Runs ``examples/simulate/llama3.yaml`` (or ``--file``) through :mod:`matrixpool.simulate`: the
 real placement engine, ``matrixpool_recovery.policy.decide`` and ``timeshare.split`` over a
 seeded failure trace at Llama 3's published rates. Prints the report; its last line is one
 JSON object with ``goodput`` per policy (``matrixpool``, ``job_restart``, ``no_spares``,
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from matrixpool.simulate import model, report
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "simulate-llama3.yaml"
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "simulate" / "llama3.yaml"
 
 
 def main() -> int:

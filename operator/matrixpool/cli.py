@@ -245,7 +245,7 @@ def _parser() -> argparse.ArgumentParser:
         "simulate",
         help="replay months of training on a simulated pool, one run per recovery policy",
     )
-    simulate.add_argument("file", type=Path, help="the run's YAML (examples/simulate-*.yaml)")
+    simulate.add_argument("file", type=Path, help="the run's YAML (examples/simulate/*.yaml)")
     simulate.add_argument("--json", action="store_true", help="print only the JSON object")
     simulate.add_argument(
         "--plot-dir", type=Path, metavar="DIR", help="write goodput.png and recovery-cdf.png"

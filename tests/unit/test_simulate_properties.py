@@ -14,13 +14,13 @@ import pytest
 from matrixpool import cli
 from matrixpool.simulate import model, report, run
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "simulate"
 
 
 def small(seed: int = 1, scale: float = 1.0, **changes: object) -> model.Config:
     """Two supernodes, a 256-card headline job and a few small ones, 10 days, failure rates
     a hundred times Llama 3's per card (so a small pool sees dozens of faults)."""
-    config = model.load(EXAMPLES / "simulate-llama3.yaml")
+    config = model.load(EXAMPLES / "llama3.yaml")
     headline = dataclasses.replace(config.jobs[0], cards=(256, 256))
     others = dataclasses.replace(
         config.jobs[3], count=12, cards=(8, 64), hours=(5, 40), start_hours=(0, 200)
@@ -113,14 +113,14 @@ def test_policies_rank_as_their_means_allow() -> None:
 def test_bad_yaml_gets_an_error_naming_the_field(change: object, field: str) -> None:
     import yaml
 
-    data = yaml.safe_load((EXAMPLES / "simulate-llama3.yaml").read_text())
+    data = yaml.safe_load((EXAMPLES / "llama3.yaml").read_text())
     change(data)  # type: ignore[operator]
     with pytest.raises(model.ConfigError, match=field.replace("[", r"\[").replace("]", r"\]")):
         model.parse(data)
 
 
 def test_the_command_prints_the_json_object_last(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["simulate", str(EXAMPLES / "simulate-384.yaml"), "--json"]) == 0
+    assert cli.main(["simulate", str(EXAMPLES / "recovery-384.yaml"), "--json"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     figures = json.loads(last)
     assert set(figures["goodput"]) == {"matrixpool"}

@@ -12,7 +12,7 @@ import pytest
 from matrixpool.simulate import model, report, run
 from matrixpool_recovery import policy
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "simulate"
 
 # docs/benchmarks.md, "Fault recovery", 384 cards: seconds from the fault to every rank restored.
 MEASURED_RESTORED = {"InPlace": 2.90, "SpareSwap": 3.79, "Reschedule": 10.47}
@@ -37,7 +37,7 @@ def one_fault(
     "level", list(CASES), ids=lambda level: f"{level} within 20% of the measured run"
 )
 def test_the_measured_384_card_recoveries_are_reproduced(level: str) -> None:
-    config = model.load(EXAMPLES / "simulate-384.yaml")
+    config = model.load(EXAMPLES / "recovery-384.yaml")
     component, levels = CASES[level]
     outcome = one_fault(config, component, levels)
     [recovery] = outcome.recoveries
@@ -48,7 +48,7 @@ def test_the_measured_384_card_recoveries_are_reproduced(level: str) -> None:
 
 def llama3(policy_name: str, persistent_every_steps: int) -> model.Config:
     """Llama 3's job on a pool a little larger than it, its 419 unexpected interruptions."""
-    config = model.load(EXAMPLES / "simulate-llama3.yaml")
+    config = model.load(EXAMPLES / "llama3.yaml")
     headline = next(j for j in config.jobs if j.headline)
     components = {k: v for k, v in config.failures.components.items() if k != "rack"}
     chosen = dataclasses.replace(
