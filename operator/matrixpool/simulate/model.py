@@ -126,7 +126,6 @@ class Costs:
     compile_seconds: float  # graph compile / warm-up after any restart
     bandwidth_gbps: Mapping[str, float]  # per rank, per tier of TIERS
     persistent_aggregate_gbps: float  # the persistent store's total read bandwidth
-    checkpoint_grace_seconds: float  # time-sharing: checkpoint before eviction (matrixpool)
 
 
 @dataclass(frozen=True)
@@ -397,7 +396,6 @@ def _costs(f: _Fields) -> Costs:
         compile_seconds=f.number("compile_seconds", default=0),
         bandwidth_gbps={t: bandwidth.number(t, minimum=1e-6) for t in TIERS},
         persistent_aggregate_gbps=f.number("persistent_aggregate_gbps", minimum=1e-6),
-        checkpoint_grace_seconds=f.number("checkpoint_grace_seconds", default=120),
     )
     detect.done()
     bandwidth.done()
