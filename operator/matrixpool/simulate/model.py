@@ -319,12 +319,12 @@ def _checkpoint(f: _Fields) -> Checkpoint:
 
 
 def _inference(f: _Fields) -> Inference:
-    windows = f.get("windows", None)
+    windows, zone = f.get("windows", None), f.get("timezone", "UTC")
     time_sharing = None
     if windows is not None:
         try:
             time_sharing = supernode.TimeSharing.model_validate(
-                {"timezone": f.get("timezone", "UTC"), "windows": windows}
+                {"timezone": zone, "windows": windows}
             )
             windows_.check_cover(time_sharing)
         except (pydantic.ValidationError, ValueError) as error:
@@ -334,7 +334,6 @@ def _inference(f: _Fields) -> Inference:
         replica_cards=int(f.number("replica_cards", default=320, minimum=1)),
         priority=int(f.number("priority", default=1000)),
     )
-    f.get("timezone", "UTC")
     f.done()
     return inference
 
@@ -363,7 +362,6 @@ def _failures(f: _Fields) -> Failures:
         reference_hours=reference.number("hours", minimum=0.001),
         scripted=tuple(_scripted(s) for s in f.items("scripted")) if "scripted" in f.data else (),
     )
-    f.read.add("scripted")
     reference.done()
     f.done()
     return failures
