@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv binaries crds crds-check lint typecheck imports helm-lint unit integration chaos e2e image real-nodes torch peers scale serving test demo clean
+.PHONY: venv binaries crds crds-check lint typecheck imports helm-lint unit integration chaos e2e image real-nodes torch peers scale serving goodput test demo clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -85,6 +85,12 @@ scale: venv binaries
 serving: venv
 	$(BIN)/pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python benchmarks/serving.py --json --png docs/img/serving.png
+
+# 54 simulated days of a 16,384-card job in a 165,888-card pool, matrixpool's recovery against
+# four baselines (benchmarks/goodput.py; the simulator, no cluster; a few minutes):
+goodput: venv
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	$(BIN)/python benchmarks/goodput.py --json --plot-dir docs/img
 
 test: lint typecheck imports crds-check helm-lint unit integration checkpoint chaos e2e torch real-nodes
 

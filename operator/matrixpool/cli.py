@@ -1,6 +1,7 @@
-"""The ``matrixpool`` command: ``run`` (the operator), ``cluster`` (the local control plane) and
-``demo``. Each subcommand imports what it needs only when it runs, so ``matrixpool cluster``
-never loads kopf and ``matrixpool run`` never loads the dev cluster.
+"""The ``matrixpool`` command: ``run`` (the operator), ``cluster`` (the local control plane),
+``demo`` and ``simulate`` (the goodput simulator). Each subcommand imports what it needs only
+when it runs, so ``matrixpool cluster`` never loads kopf and ``matrixpool run`` never loads the
+dev cluster.
 """
 
 from __future__ import annotations
@@ -246,6 +247,17 @@ def _parser() -> argparse.ArgumentParser:
         "--summary-json", type=Path, metavar="FILE", help="also write the summary as JSON to FILE"
     )
     demo.set_defaults(handler=_demo)
+    simulate = commands.add_parser(
+        "simulate",
+        help="replay months of training on a simulated pool, one run per recovery policy",
+    )
+    simulate.add_argument("file", type=Path, help="the run's YAML (examples/simulate/*.yaml)")
+    simulate.add_argument("--json", action="store_true", help="print only the JSON object")
+    simulate.add_argument(
+        "--plot-dir", type=Path, metavar="DIR", help="write goodput.png and recovery-cdf.png"
+    )
+    simulate.add_argument("--seed", type=int, help="override the file's seed")
+    simulate.set_defaults(handler=_simulate)
     for name in PLUGIN_COMMANDS:  # delegated before parsing; listed here for --help
         commands.add_parser(name, help=f"same as kubectl matrixpool {name} (see its --help)")
     return parser
@@ -255,6 +267,17 @@ def _plugin(argv: list[str]) -> int:
     from matrixpool.plugin import cli as plugin_cli
 
     return plugin_cli.main(argv)
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from matrixpool.simulate import model, report
+
+    config = model.load(args.file)
+    if args.seed is not None:
+        config = config.with_seed(args.seed)
+    figures = report.execute(config, args.plot_dir, progress=not args.json)
+    print(json.dumps(figures, indent=None if args.json else 2))
+    return 0
 
 
 def _run(args: argparse.Namespace) -> int:
