@@ -90,3 +90,52 @@ def test_the_baselines_are_what_decide_chooses_when_shown_less() -> None:
     assert levels["job_restart"] == {"Reschedule"}
     assert "SpareSwap" not in levels["no_spares"]
     assert {"InPlace", "SpareSwap"} <= levels["matrixpool"]
+
+
+def test_blocking_saves_keep_the_interval_over_the_interval_plus_the_write() -> None:
+    """Rule 5: the job trains ``interval / (interval + write)`` of its time; writes are priced
+    as reads of the same tier, so the store's aggregate cap applies to wide jobs."""
+    write = costs.save(COSTS, "persistent", 2048, 2.8)
+    assert write == pytest.approx(2.8 / COSTS.bandwidth_gbps["persistent"])
+    assert costs.useful_fraction(1800, write) == pytest.approx(1800 / (1800 + write))
+    wide = costs.save(COSTS, "persistent", 1_000_000, 2.8)
+    assert wide == pytest.approx(1_000_000 * 2.8 / COSTS.persistent_aggregate_gbps)
+
+
+def test_a_blocking_policy_loses_its_writes_and_its_late_detection() -> None:
+    """The same faults and job under job_restart, once as built and once with blocking saves
+    and Kubernetes' eviction delay for node losses: the headline job loses exactly the
+    stalls' share of its training, and every node-loss recovery starts 350 s later."""
+    config = model.load(EXAMPLES / "llama3.yaml")
+    headline = next(j for j in config.jobs if j.headline)
+    plain = dataclasses.replace(model.BUILTIN_POLICIES["job_restart"], persistent_every_steps=300)
+    slow = dataclasses.replace(plain, blocking_saves=True, detect_seconds={"node": 350.0})
+    small = dataclasses.replace(
+        config,
+        horizon_days=5,
+        cluster=dataclasses.replace(config.cluster, supernodes=6),
+        jobs=(dataclasses.replace(headline, cards=(2048, 2048)),),
+        inference=model.Inference(None, 64, 1000),
+        failures=dataclasses.replace(
+            config.failures,
+            components={
+                k: dataclasses.replace(c, count=c.count * 20)
+                for k, c in config.failures.components.items()
+                if k in ("node", "software")
+            },
+        ),
+        probe_cards=0,
+    )
+    before, after = run.simulate(small, (plain, slow))
+    assert before.faults == after.faults > 5
+    fraction = costs.useful_fraction(300 * 6, costs.save(COSTS, "persistent", 256, 2.8))
+    assert after.headline is not None
+    assert before.headline is not None
+    assert after.headline.rate == pytest.approx(fraction)
+    assert before.headline.rate == 1.0
+    node_before = [r.breakdown.detect for r in before.recoveries if r.breakdown.settle]
+    node_after = [r.breakdown.detect for r in after.recoveries if r.breakdown.settle]
+    assert node_before
+    assert set(node_before) == {COSTS.detect_seconds["node"]}
+    assert set(node_after) == {350.0}
+    assert after.headline.progress < before.headline.progress

@@ -99,6 +99,14 @@ def test_policies_rank_as_their_means_allow() -> None:
         ),
         (lambda d: d["inference"]["windows"].pop(), "inference.windows"),
         (lambda d: d["jobs"][1].update(hours=[5, 1]), "jobs[1].hours: high"),
+        (
+            lambda d: d["policy_overrides"]["job_restart"].update(detect_seconds={"disk": 1}),
+            "policy_overrides.job_restart.detect_seconds.disk: expected one of",
+        ),
+        (
+            lambda d: d["policy_overrides"]["job_restart"].update(blocking_saves="yes"),
+            "policy_overrides.job_restart.blocking_saves: expected true or false",
+        ),
     ],
     ids=[
         "zero cards",
@@ -108,6 +116,8 @@ def test_policies_rank_as_their_means_allow() -> None:
         "rate not a number",
         "windows do not cover the day",
         "hours range reversed",
+        "unknown component to detect",
+        "blocking_saves not a boolean",
     ],
 )
 def test_bad_yaml_gets_an_error_naming_the_field(change: object, field: str) -> None:

@@ -17,6 +17,12 @@ this module is the arithmetic, stated as a model:
    with the state per rank, not with the number of ranks, except through that cap.
 4. Set-up of the communicator grows with the logarithm of its ranks (one per card):
    ``setup_seconds_per_doubling`` × log2(cards). Compile is a constant per restart.
+5. A policy whose persistent saves block training (``blocking_saves``: a synchronous save
+   from the trainer, as ``torch.save`` or a synchronous distributed checkpoint does) stops for
+   each save's write time, at the same bandwidths as a read from that tier (rule 3); a job
+   then keeps ``interval / (interval + write)`` of its training time. matrixpool's saves do not
+   block: tier 1 captures the state and copies it beside the next steps (a measured 0.3 ms
+   stall, "Checkpoint data plane"), and the daemon writes the lower tiers from tier 1.
 """
 
 from __future__ import annotations
@@ -127,3 +133,14 @@ def restore_from(costs: model.Costs, tier: str, ranks: int, gb_per_rank: float) 
     if tier == "persistent":
         seconds = max(seconds, ranks * gb_per_rank / costs.persistent_aggregate_gbps)
     return seconds
+
+
+def save(costs: model.Costs, tier: str, ranks: int, gb_per_rank: float) -> float:
+    """Rule 5: seconds to write one checkpoint of ``ranks`` ranks to ``tier``."""
+    return restore_from(costs, tier, ranks, gb_per_rank)
+
+
+def useful_fraction(interval_seconds: float, save_seconds: float) -> float:
+    """Rule 5: the share of training time kept when every ``interval_seconds`` of training
+    stops for ``save_seconds``."""
+    return interval_seconds / (interval_seconds + save_seconds)

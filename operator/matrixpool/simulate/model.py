@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +139,14 @@ class Policy:
     fast_tiers: bool  # memory and local tiers exist (False: persistent only)
     tidal: str  # "checkpoint": checkpoint, evict, resume; "kill": evict without checkpoint
     persistent_every_steps: int | None = None  # overrides the jobs' persistent interval
+    detect_seconds: Mapping[str, float] = field(default_factory=dict)  # overrides, per component
+    blocking_saves: bool = False  # persistent saves stop training while they write
+
+    def costs(self, base: Costs) -> Costs:
+        """``base`` with this policy's detection overrides."""
+        if not self.detect_seconds:
+            return base
+        return replace(base, detect_seconds={**base.detect_seconds, **self.detect_seconds})
 
 
 BUILTIN_POLICIES = {
@@ -427,11 +435,21 @@ def _override(base: Policy, overrides: _Fields) -> Policy:
     except ValueError as error:
         raise ConfigError(f"{f.name('levels')}: {error}") from error
     every = f.get("persistent_every_steps", None)
+    detect = f.section("detect_seconds", default={})
+    for component in detect.data:
+        if component not in COMPONENTS:
+            raise ConfigError(f"{detect.name(component)}: expected one of {', '.join(COMPONENTS)}")
+    blocking = f.get("blocking_saves", base.blocking_saves)
+    if not isinstance(blocking, bool):
+        raise ConfigError(f"{f.name('blocking_saves')}: expected true or false")
     result = replace(
         base,
         levels=parsed,
         persistent_every_steps=None if every is None else int(f.number("persistent_every_steps")),
+        detect_seconds={c: detect.number(c) for c in detect.data},
+        blocking_saves=blocking,
     )
+    detect.done()
     f.done()
     return result
 

@@ -78,6 +78,7 @@ class Job:
     held_card_seconds: float = 0.0
     recoveries: int = 0
     resume_tier: str = "peers"  # where a placed-again job reads: memory held elsewhere
+    rate: float = 1.0  # useful seconds per second of training (below 1: saves that block)
 
     @property
     def cards(self) -> int:
@@ -89,7 +90,7 @@ class Job:
 
     def advance(self, now: float) -> None:
         if self.state == RUNNING:
-            self.progress += now - self.since
+            self.progress += (now - self.since) * self.rate
         self.since = now
 
     def steps(self) -> tuple[int, int, int]:
@@ -143,9 +144,9 @@ class Run:
     def __init__(
         self, config: model.Config, chosen: model.Policy, trace: list[failures.FaultEvent]
     ) -> None:
-        self.config, self.policy, self.costs = config, chosen, config.costs
+        self.config, self.policy, self.costs = config, chosen, chosen.costs(config.costs)
         self.pool = cluster.Pool(config.cluster, chosen.spares)
-        self.jobs = _jobs(config, chosen)
+        self.jobs = _jobs(config, chosen, self.costs)
         self.by_key = {j.key: j for j in self.jobs}
         self.events: list[tuple[float, int, str, Any]] = []
         self.seq = 0
@@ -289,7 +290,8 @@ class Run:
         job.fault_at = job.level = None
         job.state, job.since, job.resume_tier = RUNNING, self.now, "peers"
         if job.work is not None:
-            self._push(self.now + job.work - job.progress, "finish", (job.key, job.epoch))
+            finish = self.now + (job.work - job.progress) / job.rate
+            self._push(finish, "finish", (job.key, job.epoch))
 
     def _pending(self, job: Job) -> int:
         """Index from the end of ``job``'s open recovery record."""
@@ -610,7 +612,7 @@ class Run:
 # ---- helpers ------------------------------------------------------------------------------------
 
 
-def _jobs(config: model.Config, chosen: model.Policy) -> list[Job]:
+def _jobs(config: model.Config, chosen: model.Policy, prices: model.Costs) -> list[Job]:
     """The mix: every class's jobs drawn with the run's seed (the same for every policy)."""
     rng = random.Random(f"{config.seed}/jobs")
     cpn = config.cluster.cards_per_node
@@ -624,6 +626,10 @@ def _jobs(config: model.Config, chosen: model.Policy) -> list[Job]:
             arrival = rng.uniform(*klass.start_hours) * 3600.0
             c = klass.checkpoint
             persistent = chosen.persistent_every_steps or c.persistent_every_steps
+            rate = 1.0
+            if chosen.blocking_saves and persistent:
+                written = costs.save(prices, "persistent", pods, klass.state_gb_per_card * per_pod)
+                rate = costs.useful_fraction(persistent * klass.step_seconds, written)
             jobs.append(
                 Job(
                     key=placement.GangKey(f"train/{klass.name}-{k}"),
@@ -633,6 +639,7 @@ def _jobs(config: model.Config, chosen: model.Policy) -> list[Job]:
                     work=None if hours is None else hours * 3600.0,
                     arrival=arrival,
                     every=(c.memory_every_steps, c.local_every_steps, persistent),
+                    rate=rate,
                 )
             )
     return jobs
