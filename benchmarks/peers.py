@@ -24,6 +24,10 @@ bound (p50/p99), makespan, card-hours left idle while a gang waited, gangs place
 racks or supernodes than they need, gangs left partly bound; (3) preemption: a high-priority
 gang into a cluster full of low-priority gangs — seconds to bind, pods evicted, whether it waited
 for a checkpoint. Durations are seconds, not hours: the figures compare schedulers, not jobs.
+Not in the default phases: (4) ``single``: gangs of 1, 2 and 4 whole nodes submitted one at a
+time into an otherwise idle cluster — per-gang seconds from creation to every pod bound by size,
+the path's own latency without queueing. The burst also reports the CPU seconds each process
+of the machine spent while it ran (``/proc``), which says where a pod's cost goes.
 
 Prints progress on stderr and, as its last line, one JSON object (``systems``: one entry per
 system with the figures, or ``error`` with the reason it could not run), and writes a PNG of
@@ -61,7 +65,7 @@ NAMESPACE = "peers"
 GANG_LABEL = "bench.matrixpool.dev/gang"
 RUN_FOREVER = {"pod-complete.stage.kwok.x-k8s.io/delay": "24h"}  # kwok completes Job pods
 CONCURRENCY = 32
-PHASES = frozenset({"burst", "trace", "preemption"})
+PHASES = frozenset({"burst", "trace", "preemption"})  # "single" on request
 PARTIAL_SECONDS = 10.0  # some pods bound, others not, this long: a gang left partly bound
 IMAGE = "peers/worker:1"  # kwok runs no image
 
@@ -513,6 +517,9 @@ def run_system(
         if "preemption" in phases:
             say(f"[{system.name}] preemption")
             figures["preemption"] = run_preemption(system, recorder, shape)
+        if "single" in phases:
+            say(f"[{system.name}] single gangs")
+            figures["single"] = run_single(system, recorder, shape)
         return figures
     finally:
         recorder.stop.set()
@@ -525,6 +532,7 @@ def run_burst(system: System, recorder: Recorder, shape: topology.Shape) -> dict
     count = shape.node_count // per_gang
     gangs = [Gang(f"burst{i:02d}", 0.0, per_gang, shape.cards_per_node, 0.0) for i in range(count)]
     runs = {g.name: GangRun(g) for g in gangs}
+    before = cpu_seconds()
     started = recorder.now()
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(system.submit, gangs))
@@ -536,9 +544,11 @@ def run_burst(system: System, recorder: Recorder, shape: topology.Shape) -> dict
         return len(bound) >= total
 
     wait_for(all_bound, 600, "the burst's pods bound")
+    after = cpu_seconds()
     with recorder.lock:
         last = max(p.bound or 0 for p in recorder.pods.values() if p.gang in runs)
     seconds = last - started
+    spent = {k: round(after[k] - before.get(k, 0.0), 2) for k in after}
     for gang in gangs:
         system.remove(gang)
     wait_for(lambda: recorder.count_live() == 0, 300, "the burst's pods gone")
@@ -546,6 +556,76 @@ def run_burst(system: System, recorder: Recorder, shape: topology.Shape) -> dict
         "pods": total,
         "seconds": round(seconds, 3),
         "pods_per_second": round(total / seconds, 1),
+        # CPU seconds per process from the first submission until every pod was bound
+        "cpu_seconds": dict(sorted(((k, v) for k, v in spent.items() if v >= 0.05), key=_second)),
+    }
+
+
+def _second(item: tuple[str, float]) -> float:
+    return -item[1]
+
+
+def cpu_seconds() -> dict[str, float]:
+    """User + system CPU seconds of every process, summed by :func:`program` (Python programs
+    by their module or script: the operator, this benchmark)."""
+    totals: dict[str, float] = {}
+    for argv, seconds in processes().values():
+        name = program(argv)
+        totals[name] = totals.get(name, 0.0) + seconds
+    return totals
+
+
+def processes() -> dict[int, tuple[list[str], float]]:
+    """Every process: its command line and its user + system CPU seconds (``/proc``)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    found: dict[int, tuple[list[str], float]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if argv:
+            found[int(entry)] = (argv, (int(fields[11]) + int(fields[12])) / tick)
+    return found
+
+
+def program(argv: list[str]) -> str:
+    """What :func:`cpu_seconds` calls a process: its executable's name, or for Python the
+    module it runs (``-m``) or its script's name."""
+    name = os.path.basename(argv[0])
+    if name.startswith("python") and len(argv) > 1:
+        rest = argv[1:]
+        name = rest[1] if rest[0] == "-m" and len(rest) > 1 else Path(rest[0]).name
+        name = "matrixpool operator" if name == "matrixpool.cli" else name
+    return name
+
+
+def run_single(system: System, recorder: Recorder, shape: topology.Shape) -> dict[str, Any]:
+    """Gangs of 1, 2 and 4 nodes, one at a time into an idle cluster, 10 of each size: the
+    median seconds from creation to every pod bound, by size."""
+    sizes, each = (1, 2, 4), 10
+    seconds: dict[int, list[float]] = {n: [] for n in sizes}
+    for k in range(each * len(sizes)):
+        pods = sizes[k % len(sizes)]
+        gang = Gang(f"single{k:02d}", 0.0, pods, shape.cards_per_node, 0.0)
+        created = recorder.now()
+        system.submit(gang)
+        wait_for(lambda g=gang, n=pods: bound_pods(recorder, {g.name}) >= n, 60, gang.name)
+        with recorder.lock:
+            last = max(p.bound or 0 for p in recorder.pods.values() if p.gang == gang.name)
+        seconds[pods].append(last - created)
+        time.sleep(0.3)
+        system.remove(gang)
+        wait_for(lambda g=gang: bound_pods(recorder, {g.name}) == 0, 60, f"{gang.name} gone")
+        time.sleep(0.2)
+    return {
+        "gangs": each * len(sizes),
+        "p50_s_by_pods": {str(n): round(statistics.median(v), 4) for n, v in seconds.items()},
     }
 
 
