@@ -411,6 +411,10 @@ class Cycle:
     # ---- phase 5: place, highest priority first ---------------------------------------------
 
     async def place(self, pending: list[Pending]) -> list[Binding]:
+        if not pending and not self.growable():  # a steady cycle: no snapshot to build
+            self.memory.deferred = False
+            self.deferred = set()
+            return []
         snapshot = engine.Snapshot.build(self.topologies, read_model.holdings(self.world))
         victims = {key: gang.request for key, (_, gang) in self.by_gang.items()}
         bindings: list[Binding] = []
@@ -466,17 +470,26 @@ class Cycle:
         await self.grow(snapshot, max(waiting, default=None))
         return bindings
 
-    async def grow(self, snapshot: engine.Snapshot, waiting: int | None) -> None:
-        """Rule: a shrunk elastic job grows back to spec.replicas once the whole gang fits
-        again on free cards, and no gang of its priority or higher still waits for cards."""
+    def growable(self) -> list[Workload]:
+        """Shrunk training jobs that may grow back here (time-sharing grows its own; a
+        finished job never does)."""
+        found = []
         for workload in self.world.workloads:
             if not isinstance(workload.model, trainingjob.TrainingJob):
                 continue
-            spec = workload.model.spec
-            if self.shares.governs(workload.key) or read_model.succeeded(self.world, workload):
-                continue  # time-sharing grows it (handlers.timeshare); a finished job never
-            if self.effective(workload) >= spec.replicas:
+            if self.effective(workload) >= workload.model.spec.replicas:
                 continue
+            if self.shares.governs(workload.key) or read_model.succeeded(self.world, workload):
+                continue
+            found.append(workload)
+        return found
+
+    async def grow(self, snapshot: engine.Snapshot, waiting: int | None) -> None:
+        """Rule: a shrunk elastic job grows back to spec.replicas once the whole gang fits
+        again on free cards, and no gang of its priority or higher still waits for cards."""
+        for workload in self.growable():
+            assert isinstance(workload.model, trainingjob.TrainingJob)
+            spec = workload.model.spec
             if waiting is not None and waiting >= spec.priority:
                 continue
             size = self.sizes.get(spec.super_node or "") or max(self.sizes.values(), default=0)
