@@ -31,13 +31,27 @@ def test_a_binding_is_assumed_until_the_index_shows_the_pod_bound_there() -> Non
     assumed = world.Assumed()
     fresh = pod("a-0", "u1")
     assumed.reserved(fresh, "n1", EIGHT)
-    assumed.bound(fresh, "n1")
+    assumed.bound(fresh, "n1", EIGHT)
     reserved = dataclasses.replace(fresh, reserved_node="n1", cards=EIGHT)
     (seen,) = assumed.view(index(reserved))["ns/a"]
     assert seen.node == "n1", "the reservation alone does not end a binding's assumption"
     bound = dataclasses.replace(reserved, node="n1")
     assumed.view(index(bound))
     assert len(assumed) == 0
+
+
+def test_a_binding_keeps_its_cards_when_a_read_ended_the_reservation_before_it() -> None:
+    """Reserve, a read whose index shows the reservation (the reservation's assumption ends),
+    then the Binding goes through: the pod is seen bound with its cards, not without them."""
+    assumed = world.Assumed()
+    unplaced = pod("a-0", "u1")  # as the cycle saw it: no node, no cards
+    assumed.reserved(unplaced, "n1", EIGHT)
+    reserved = dataclasses.replace(unplaced, reserved_node="n1", cards=EIGHT)
+    assumed.view(index(reserved))
+    assert len(assumed) == 0
+    assumed.bound(unplaced, "n1", EIGHT)
+    (seen,) = assumed.view(index(reserved))["ns/a"]
+    assert (seen.node, seen.cards, seen.holds_cards) == ("n1", EIGHT, True)
 
 
 @pytest.mark.parametrize(

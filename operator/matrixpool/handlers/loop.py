@@ -12,6 +12,7 @@ replicas that lose a peering election, so exactly one loop schedules at a time.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import dataclasses
 import os
@@ -148,25 +149,52 @@ async def main_loop(
         if state.cycle.preempted:  # the indexes lag its deletions and patches: a whole tick,
             await stopped.wait(CYCLE_SECONDS)  # whatever wakes meanwhile (as before the wake)
             continue
+        binding = state.cycle.binding
+        if binding is not None and not binding.done():
+            # The cycle's bindings are being written: recovery keeps its tick meanwhile, and
+            # wakes wait (no cycle could place before it is through). Once through, the status
+            # of what it bound and the next cycle come at once.
+            await asyncio.wait([binding], timeout=CYCLE_SECONDS)
+            if not binding.done():
+                continue
+            alarm.ring()
         if state.cycle.deferred:  # gangs left for the next cycle (scheduler.PODS_PER_CYCLE)
             alarm.ring()
         await alarm.sleep(CYCLE_SECONDS)  # or less: a new job need not wait for the tick
+    await scheduler.settle(state.cycle)  # stopping: let the last bindings be written
 
 
 async def one_pass(state: Controllers, read: Callable[[], world.World]) -> None:
     """1 read the world, forget what went, note the jobs that finished; 2 recovery;
     3 the inference autoscaler's recommendations; 4 time-sharing's allowances; 5 the
     scheduling cycle; 6 the SuperNodes' status; 7 the daemons' tier-1 peers and KV-cache
-    quotas."""
+    quotas. While the scheduling cycle's bindings are written (its binding cycle, a task of
+    its own), a pass is 1 and 2 only: 3-7 read what the bindings write. The first pass after
+    the binding cycle is through does 6 and 7 of the pass that started it before its own 3,
+    so the status is written after every binding cycle, even when each cycle binds again."""
     now = read()
     state.forget_replaced(now.workloads)
     cleanup.sweep(state.sweeper, now.nodes, now.workloads)
     act = state.act
     lifecycle.observe(now, act)
     await recovery.run(now, state.recoveries, act)
+    if state.binding():  # the rest reads what the binding cycle writes: next pass
+        return
+    if state.unreported:  # the pass that started the binding cycle did not report
+        state.unreported = False
+        await report(state, read)
     await autoscaler.run(now, state.autoscaling, act)
     state.shares = await timeshare.share(read(), state.sharing, act)
-    await scheduler.run_cycle(read, state.cycle, state.assumed, act)
+    await scheduler.run_cycle(read, state.cycle, state.assumed, act, background=True)
+    if state.binding():
+        state.unreported = True
+        return
+    await report(state, read)
+
+
+async def report(state: Controllers, read: Callable[[], world.World]) -> None:
+    """6 and 7 of a pass: the SuperNodes' status, the daemons' tier-1 peers and KV quotas."""
+    act = state.act
     await supernode.report(read(), state.reported, act, state.sharing.transition_status)
     peers.run(read(), state.peering, act, state.started)
     kvquotas.run(read(), state.cycle.kv, state.kv_quotas, act, state.started)
@@ -195,6 +223,12 @@ class Controllers:
     act: executor.Executor = field(default_factory=executor.Live)  # the controllers' actions
     derived: world.Derived = field(default_factory=world.Derived)  # members, topologies
     autoscaling: autoscaler.Memory = field(default_factory=autoscaler.Memory)  # per service
+    unreported: bool = False  # a binding cycle started and the status is not written since
+
+    def binding(self) -> bool:
+        """Whether the last scheduling cycle's binding cycle is still writing."""
+        task = self.cycle.binding
+        return task is not None and not task.done()
 
     def forget_replaced(self, current: Sequence[workloads.Workload]) -> None:
         """Drop what the controllers remember of workloads that went, or whose name now

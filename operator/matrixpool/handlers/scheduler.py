@@ -8,6 +8,14 @@ be given twice. Binding is two-phase (reserve every pod of the gang, then bind e
 :mod:`matrixpool.k8s.pods`), so an operator killed at any moment comes back, rebuilds the
 holdings from the pods' annotations, and finishes or undoes a half-bound gang.
 
+The main loop runs phases 6 and 7 as a binding cycle apart from the scheduling cycle (as
+kube-scheduler does): the scheduling cycle decides, its binding cycle writes in the background
+while the loop's recovery goes on, and the next scheduling cycle (and the controllers that read
+what bindings write: time-sharing, the SuperNode status) starts only once that binding cycle is
+through, so a decision never rests on a world that lacks the last cycle's writes. A cycle
+with nothing to bind reports at once. ``matrixpool_cycle_seconds`` times the scheduling cycle,
+``matrixpool_gang_bind_seconds`` the bindings.
+
 Cycle phases: 1 read the world, 2 the gangs each workload wants, 3 create missing pods and
 delete surplus ones (a finished job's pods are kept until its ttl:
 :mod:`matrixpool.handlers.lifecycle`), 4 finish or undo half-done bindings, 4b victims of a
@@ -96,6 +104,8 @@ class Memory:
     kv_reasons: dict[str, str] = field(default_factory=dict)  # service → KV admission told
     kv: dict[str, kv_pool.Decision] = field(default_factory=dict)  # the last cycle's admission
     preempted: bool = False  # the last cycle preempted: the indexes lag its deletions
+    # the last cycle's binding cycle (phases 6 and 7), while it writes in the background
+    binding: asyncio.Task[None] | None = None
 
     def forget(self, uid: str, key: str) -> None:
         """Drop what is remembered of the workload ``uid`` (named ``key``): it went, or its
@@ -115,13 +125,48 @@ class Memory:
 
 
 async def run_cycle(
-    world_reader: Any, memory: Memory, assumed: Assumed, act: executor.Executor
-) -> None:
+    world_reader: Any,
+    memory: Memory,
+    assumed: Assumed,
+    act: executor.Executor,
+    *,
+    background: bool = False,
+) -> bool:
     """Run one cycle; ``world_reader()`` → World. Serialized by a lock, as a safety net.
-    What the cycle reserves, binds and deletes goes into ``assumed``; ``act`` carries it out."""
+    What the cycle reserves, binds and deletes goes into ``assumed``; ``act`` carries it out.
+
+    ``background``: return once the scheduling cycle has decided, its binding cycle left to
+    run as a task (``memory.binding``) when it has gangs to bind. False when no cycle ran
+    because the last one's binding cycle is still writing."""
     async with memory.lock:
+        if memory.binding is not None:
+            if not memory.binding.done():
+                return False
+            memory.binding = None
+        cycle = Cycle(world_reader(), memory, assumed, act)
         with metrics.CYCLE_SECONDS.time():
-            await Cycle(world_reader(), memory, assumed, act).run()
+            decided = await cycle.schedule()
+        if not background or not decided[1]:  # nothing to bind: report at once
+            await cycle.finish(*decided)
+            return True
+        memory.binding = asyncio.create_task(_binding_cycle(cycle, decided))
+        return True
+
+
+async def _binding_cycle(
+    cycle: Cycle,
+    decided: tuple[Mapping[str, list[gangs.Gang]], list[Binding], set[model.GangKey]],
+) -> None:
+    try:
+        await cycle.finish(*decided)
+    except Exception:  # the next cycle finishes or undoes what this one left half done
+        log.exception("binding cycle failed; the next cycle retries")
+
+
+async def settle(memory: Memory) -> None:
+    """Wait for the last cycle's binding cycle, if one is still writing (the loop stops)."""
+    if memory.binding is not None:
+        await asyncio.gather(memory.binding, return_exceptions=True)
 
 
 class Cycle:
@@ -151,6 +196,13 @@ class Cycle:
         self.kv = kv_admission(world, memory)  # service UID → its KV-cache pool decision
 
     async def run(self) -> None:
+        """The whole cycle: the scheduling cycle, then its binding cycle."""
+        await self.finish(*await self.schedule())
+
+    async def schedule(
+        self,
+    ) -> tuple[Mapping[str, list[gangs.Gang]], list[Binding], set[model.GangKey]]:
+        """Phases 2-5: what to bind (and what each workload wants, and the new gangs tried)."""
         self.memory.kv = self.kv  # for the KV quota controller (handlers.kvquotas)
         wanted = {w.key: self.gangs_of(w) for w in self.world.workloads if w.model}  # phase 2
         by_key = {w.key: w for w in self.world.workloads}
@@ -161,11 +213,20 @@ class Cycle:
         bindings = await self.place(pending)  # phase 5
         metrics.PENDING_GANGS.set(len(pending) - len(bindings))
         tried = {b.placement.gang for b in bindings} | self.deferred
-        bindings = await self.bind(bindings)  # phase 6
-        await self.create_unplaced(tried)  # phase 6b: new gangs that wait get pods to show it
         self.memory.preempted = self.preempted
+        return wanted, bindings, tried
+
+    async def finish(
+        self,
+        wanted: Mapping[str, list[gangs.Gang]],
+        bindings: list[Binding],
+        tried: set[model.GangKey],
+    ) -> None:
+        """Phases 6-7, the binding cycle: reserve and bind, then report."""
+        done = await self.bind(bindings)  # phase 6
+        await self.create_unplaced(tried)  # phase 6b: new gangs that wait get pods to show it
         if not self.preempted:  # after a preemption the indexes lag: report next cycle
-            await self.report(wanted, bindings)  # phase 7
+            await self.report(wanted, done)  # phase 7
 
     # ---- phase 2: what each workload wants ---------------------------------------------------
 
@@ -399,7 +460,7 @@ class Cycle:
             refused: set[model.GangKey] = set()
             for p, outcome in zip(finish, outcomes, strict=True):
                 workload, key = owners[p.key]
-                if not self.bound(p, p.reserved_node or "", outcome):
+                if not self.bound(p, p.reserved_node or "", p.cards, outcome):
                     refused.add(key)
                     self.refused(workload, key, "bind", outcome)
             for _, key in owners.values():
@@ -813,8 +874,8 @@ class Cycle:
                 return None
         bound = await self.act.bind([(p.namespace, p.name, n) for p, n, _ in reservations])
         ok = True
-        for (pod, node, _), outcome in zip(reservations, bound, strict=True):
-            if not self.bound(pod, node, outcome):
+        for (pod, node, cards), outcome in zip(reservations, bound, strict=True):
+            if not self.bound(pod, node, cards, outcome):
                 ok = False
                 self.refused(b.pending.workload, key, "bind", outcome)
         return len(reservations) if ok else None
@@ -906,11 +967,13 @@ class Cycle:
             self.event(workload, "Warning", reason.code, f"gang {key}: {reason.message}")
         self.memory.reasons[key] = reason
 
-    def bound(self, pod: convert.PodFacts, node: str, outcome: pods.Outcome) -> bool:
+    def bound(
+        self, pod: convert.PodFacts, node: str, cards: frozenset[int], outcome: pods.Outcome
+    ) -> bool:
         """Remember a Binding that went through; a failed one leaves the reservation (the next
         cycle finishes it), one bound elsewhere leaves it to the index."""
         if outcome is None:
-            self.assumed.bound(pod, node)
+            self.assumed.bound(pod, node, cards)
             return True
         if isinstance(outcome, pods.BoundElsewhereError):
             self.assumed.released(pod)

@@ -437,12 +437,12 @@ class Assumed:
         if pod.uid:
             self.holdings[pod.uid] = Assumption(pod.key, node, cards)
 
-    def bound(self, pod: convert.PodFacts, node: str) -> None:
-        if not pod.uid:
-            return
-        known = self.holdings.get(pod.uid)
-        cards = known.cards if known is not None and known.node == node else pod.cards
-        self.holdings[pod.uid] = Assumption(pod.key, node, cards, bound=True)
+    def bound(self, pod: convert.PodFacts, node: str, cards: frozenset[int]) -> None:
+        """``pod`` was bound to ``node``, holding ``cards``: the cards come with the call, not
+        from the reservation remembered, which a read in between may have ended already
+        (the index showed it) while the Binding was on its way."""
+        if pod.uid:
+            self.holdings[pod.uid] = Assumption(pod.key, node, cards, bound=True)
 
     def released(self, pod: convert.PodFacts) -> None:
         """The reservation was cleared, or could not be made: nothing to assume."""
