@@ -188,15 +188,24 @@ def test_a_service_is_admitted_to_the_pool_and_serves_a_repeated_prefix_from_it(
     assert isinstance(ip, str)
     prompt = list(range(4000))  # 0.6 s of prefill on one card; 249 whole blocks
     blocks = len(engine.block_hashes(prompt))
+    ttft = "vllm:time_to_first_token_seconds_sum"  # the engine's own account of each request
     cold = first_token_seconds(ip, prompt)
+    cold_engine = metric(ip, ttft)
     framework.eventually(
         lambda: metric(ip, "matrixpool_serving_kv_pool_blocks_stored_total") == blocks,
         timeout=30, what="the prompt's blocks stored in the pool",
     )  # fmt: skip
     warm = first_token_seconds(ip, prompt)
+    warm_engine = metric(ip, ttft) - cold_engine
     assert metric(ip, "vllm:prefix_cache_hits_total") == blocks * engine.BLOCK_TOKENS
-    print(f"first token: {cold:.3f} s cold, {warm:.3f} s from the pool")
-    assert warm < 0.5 * cold, (warm, cold)
+    print(
+        f"first token: {cold:.3f} s cold, {warm:.3f} s from the pool (wall clock); "
+        f"{cold_engine:.3f} s and {warm_engine:.3f} s in the engine's account"
+    )
+    # The prefix was fetched, not computed again. Asserted on the engine's account: the wall
+    # clock adds the pool lookup's HTTP round trips, which a loaded 2-core machine stretches
+    # (0.53 s once in CI against 0.22 s alone); benchmarks/serving.py measures the speed.
+    assert warm_engine < 0.5 * cold_engine, (warm_engine, cold_engine)
     held = [kv_usage(sim, e).get(chat, {}) for e in endpoints.values()]
     assert sum(h.get("blocks", 0) for h in held) == blocks  # on the pod's own node's daemon
 
