@@ -1,4 +1,5 @@
-"""Fixtures shared by the unit tests: the helm binary that renders the chart."""
+"""Fixtures shared by the unit tests: the helm binary that renders the chart, and a clock the
+test moves (``ticking``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from matrixpool import clock
 from tests.unit import test_chart as chart
+from tests.unit.clocks import Ticking
 
 
 @pytest.fixture(scope="session")
@@ -22,3 +25,11 @@ def helm(tmp_path_factory: pytest.TempPathFactory) -> chart.Helm:
     )
     bin_dir = Path(build.stdout.strip().splitlines()[-1])
     return chart.Helm(bin_dir / "helm", {**os.environ, **env})
+
+
+@pytest.fixture
+def ticking(monkeypatch: pytest.MonkeyPatch) -> Ticking:
+    """``matrixpool.clock.SYSTEM`` replaced by a :class:`Ticking` clock for the test."""
+    fake = Ticking()
+    monkeypatch.setattr(clock, "SYSTEM", fake)
+    return fake

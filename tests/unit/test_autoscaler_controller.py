@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from matrixpool import clock
 from matrixpool.api import inferenceservice
 from matrixpool.handlers import autoscaler
 from matrixpool.handlers.workloads import Workload
 from matrixpool.serving import engine, server
 from tests.unit import recorder, worlds
+from tests.unit.clocks import Ticking
 
 PREFILL_URL = "http://10.1.0.1:8000/metrics"
 DECODE_URL = "http://10.1.0.2:8000/metrics"
@@ -73,26 +73,6 @@ def metrics_text(requests: int, prompt: int, tokens: int) -> str:
     for _ in range(requests):
         metrics.observe(engine.Timing(0.0, 0.0, times, prompt, 0))
     return metrics.text().decode()
-
-
-class Ticking:
-    """The system clock with a monotonic time the test moves."""
-
-    def __init__(self) -> None:
-        self.at = 1000.0
-
-    def now(self) -> Any:
-        return clock.SystemClock().now()
-
-    def monotonic(self) -> float:
-        return self.at
-
-
-@pytest.fixture
-def ticking(monkeypatch: pytest.MonkeyPatch) -> Ticking:
-    fake = Ticking()
-    monkeypatch.setattr(clock, "SYSTEM", fake)
-    return fake
 
 
 async def two_readings(

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from matrixpool import clock
 from matrixpool.handlers import loop, scheduler, world
 from matrixpool.placement import engine
+from tests.unit.clocks import Ticking
 from tests.unit.recorder import Recorder
 from tests.unit.worlds import fixed_world, index, job, pod, running
 
@@ -54,22 +54,9 @@ def test_a_shrunk_elastic_job_is_still_grown_when_nothing_waits(builds: list[int
     assert "Grown" in executor.reasons("elastic")
 
 
-class Ticking:
-    def __init__(self) -> None:
-        self.at = 1000.0
-
-    def now(self) -> Any:
-        return clock.SystemClock().now()
-
-    def monotonic(self) -> float:
-        return self.at
-
-
 def test_a_pass_copies_the_indexes_once_and_again_when_older_than_a_tick(
-    monkeypatch: pytest.MonkeyPatch,
+    ticking: Ticking,
 ) -> None:
-    ticking = Ticking()
-    monkeypatch.setattr(clock, "SYSTEM", ticking)
     taken: list[float] = []
 
     def take() -> loop.Copied:

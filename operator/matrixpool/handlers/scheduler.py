@@ -472,7 +472,8 @@ class Cycle:
     # ---- phase 5: place, highest priority first ---------------------------------------------
 
     async def place(self, pending: list[Pending]) -> list[Binding]:
-        if not pending and not self.growable():  # a steady cycle: no snapshot to build
+        growable = self.growable()
+        if not pending and not growable:  # a steady cycle: no snapshot to build
             self.memory.deferred = False
             self.deferred = set()
             return []
@@ -528,7 +529,7 @@ class Cycle:
         self.deferred = {p.gang.request.gang for p in deferred}
         placed = {b.placement.gang for b in bindings} | never
         waiting = [p.gang.request.priority for p in pending if p.gang.request.gang not in placed]
-        await self.grow(snapshot, max(waiting, default=None))
+        await self.grow(snapshot, max(waiting, default=None), growable)
         return bindings
 
     def growable(self) -> list[Workload]:
@@ -545,10 +546,13 @@ class Cycle:
             found.append(workload)
         return found
 
-    async def grow(self, snapshot: engine.Snapshot, waiting: int | None) -> None:
-        """Rule: a shrunk elastic job grows back to spec.replicas once the whole gang fits
-        again on free cards, and no gang of its priority or higher still waits for cards."""
-        for workload in self.growable():
+    async def grow(
+        self, snapshot: engine.Snapshot, waiting: int | None, growable: Sequence[Workload]
+    ) -> None:
+        """Rule: a shrunk elastic job (of ``growable``) grows back to spec.replicas once the
+        whole gang fits again on free cards, and no gang of its priority or higher still waits
+        for cards."""
+        for workload in growable:
             assert isinstance(workload.model, trainingjob.TrainingJob)
             spec = workload.model.spec
             if waiting is not None and waiting >= spec.priority:
