@@ -264,7 +264,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _plugin(argv: list[str]) -> int:
-    from matrixpool.plugin import cli as plugin_cli
+    from matrixpool.kubectl import cli as plugin_cli
 
     return plugin_cli.main(argv)
 

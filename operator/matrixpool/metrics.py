@@ -1,6 +1,6 @@
 """The operator's Prometheus metrics and their HTTP endpoint (``/metrics``).
 
-Updated by the main loop (:mod:`matrixpool.handlers.loop`) and the scheduling cycle; served by
+Updated by the main loop (:mod:`matrixpool.controllers.loop`) and the scheduling cycle; served by
 :func:`serve`, which ``matrixpool run`` calls. Names follow Prometheus conventions: a
 ``matrixpool_`` prefix, base units (seconds), ``_total`` on counters.
 """

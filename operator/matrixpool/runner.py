@@ -25,7 +25,7 @@ def run(
     metrics_port: int = 0,
 ) -> None:
     logs.configure()
-    from matrixpool.handlers import credentials, loop  # noqa: F401 -- registers every handler
+    from matrixpool.controllers import credentials, loop  # noqa: F401 -- registers every handler
 
     metrics.serve(metrics_port)
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from matrixpool.plugin import render
-from matrixpool.plugin.report import Owner
+from matrixpool.kubectl import render
+from matrixpool.kubectl.report import Owner
 from tests.integration import framework, manifests
 from tests.unit.test_plugin_render import colour_counts, decode_png
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from matrixpool.api import common, trainingjob
-from matrixpool.handlers import recovery
+from matrixpool.controllers import recovery
 from tests.integration import framework, manifests
 from tests.unit.test_recovery_limits import reschedule_plan
 

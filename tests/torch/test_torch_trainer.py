@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from matrixpool import checkpoints
 from matrixpool.api import labels
+from matrixpool_recovery import restore as restore_codec
 from matrixpool_recovery import staging
 from tests.checkpoint.conftest import Cluster
 from tests.torch.conftest import WIDTH, Job, Rank, annotate, require, wait_until
@@ -60,7 +60,7 @@ def test_a_gang_killed_after_a_checkpoint_resumes_as_a_new_incarnation_bitwise(
     step = job.committed()
     assert step is not None
     assert 8 <= step < STEPS
-    value = checkpoints.restore_value(step, recovery_id="r1", incarnation=SECOND, of=FIRST)
+    value = restore_codec.restore_value(step, recovery_id="r1", incarnation=SECOND, of=FIRST)
     for rank in range(2):
         job.restore(rank, value)
     second = [job.launch(rank, SECOND) for rank in range(2)]
@@ -86,7 +86,7 @@ def test_a_rank_killed_alone_is_replaced_and_the_survivor_reloads_in_place(
     step = job.committed()
     assert step is not None
     assert 8 <= step < STEPS
-    value = checkpoints.restore_value(step, recovery_id="r2", incarnation=SECOND, of=FIRST)
+    value = restore_codec.restore_value(step, recovery_id="r2", incarnation=SECOND, of=FIRST)
     job.restore(0, value)  # the surviving pod's annotation changes
     job.restore(1, value)  # the new pod is created with it
     replacement = job.launch(1, SECOND, PAUSE)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from matrixpool import clock
-from tests.unit import test_chart as chart
+from tests.unit.chart import test_chart as chart
 from tests.unit.clocks import Ticking
 
 

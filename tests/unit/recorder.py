@@ -8,9 +8,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from matrixpool import checkpoints
 from matrixpool.api import labels
-from matrixpool.k8s import convert, executor, pods
+from matrixpool.k8s import convert, daemons, executor, pods
 
 
 @dataclass
@@ -30,7 +29,7 @@ class Recorder:
     configmaps: dict[str, dict[str, str]] = field(default_factory=dict)
     events: list[tuple[str, str, str, str]] = field(default_factory=list)  # name, type, reason, msg
     # the daemons: job UID → what they hold; node → whether its daemon answers
-    inventories: dict[str, checkpoints.Inventory] = field(default_factory=dict)
+    inventories: dict[str, daemons.Inventory] = field(default_factory=dict)
     healthy: dict[str, bool] = field(default_factory=dict)
     asked: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)  # inventory calls
     pins: list[tuple[str, tuple[str, ...], int | None]] = field(default_factory=list)
@@ -104,10 +103,10 @@ class Recorder:
 
     async def inventory(
         self, job: str, endpoints: Mapping[str, str], persistent_uri: str | None = None
-    ) -> checkpoints.Inventory:
+    ) -> daemons.Inventory:
         """What the asked daemons that answer hold (tier 3 only when its URI is given)."""
         self.asked.append((job, tuple(sorted(endpoints))))
-        held = self.inventories.get(job, checkpoints.Inventory(()))
+        held = self.inventories.get(job, daemons.Inventory(()))
         silent = frozenset(n for n in endpoints if not self.healthy.get(n, True))
         seen = tuple(
             h
@@ -115,7 +114,7 @@ class Recorder:
             if (h.tier == "persistent" and persistent_uri)
             or (h.tier != "persistent" and h.node in endpoints and h.node not in silent)
         )
-        return checkpoints.Inventory(seen, dict(endpoints), silent)
+        return daemons.Inventory(seen, dict(endpoints), silent)
 
     async def probe(self, endpoints: Mapping[str, str]) -> dict[str, bool]:
         return {node: self.healthy.get(node, True) for node in endpoints}

@@ -1,4 +1,4 @@
-"""Read models (:class:`matrixpool.handlers.world.World`) built by hand, for the unit tests of
+"""Read models (:class:`matrixpool.state.world.World`) built by hand, for the unit tests of
 the controllers' plans: one SuperNode ``sn-a`` of nodes ``n0``… (8 cards each, a checkpoint
 daemon on each), TrainingJobs in namespace ``ns`` and their pods as the index shows them."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 from matrixpool.api import supernode, trainingjob
-from matrixpool.handlers import world
-from matrixpool.handlers.workloads import Workload
 from matrixpool.k8s import convert
 from matrixpool.placement import inventory
+from matrixpool.state import world
+from matrixpool.state.workloads import Workload
 from matrixpool_recovery import manifest
 
 CARDS = "huawei.com/Ascend910"

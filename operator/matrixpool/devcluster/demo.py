@@ -55,7 +55,7 @@ import yaml
 
 from matrixpool import clock
 from matrixpool.devcluster import binaries, cluster, daychat, topology, trainer
-from matrixpool.plugin import render, report
+from matrixpool.kubectl import render, report
 
 DEMO_SHAPE = topology.Shape(supernodes=2)
 DEMO_NAMESPACE = "matrixpool-demo"

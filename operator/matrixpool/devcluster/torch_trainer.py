@@ -55,10 +55,11 @@ from urllib.parse import unquote, urlsplit
 import torch
 import torch.distributed as dist
 
-from matrixpool import checkpoints, clock
+from matrixpool import clock
 from matrixpool.api import labels
 from matrixpool.devcluster import trainer
 from matrixpool_recovery import client, errors
+from matrixpool_recovery import restore as restore_codec
 
 RENDEZVOUS_VARIABLE = "MATRIXPOOL_TORCH_RENDEZVOUS"  # folder of the gang's FileStores
 WIDTH_VARIABLE = "MATRIXPOOL_TORCH_WIDTH"  # features of the MLP's layers
@@ -369,7 +370,7 @@ class TorchTrainer:
 
     def start(self, where: str) -> int:
         """Join the gang of the run the annotation names and restore; the step to go on from."""
-        asked = checkpoints.parse_restore(where)
+        asked = restore_codec.parse_restore(where)
         if asked is not None and asked.incarnation is not None:
             self.checkpointer.start_incarnation(asked.incarnation)
         self.gang.join(self.checkpointer.incarnation, asked.recovery if asked else "")
@@ -382,7 +383,7 @@ class TorchTrainer:
         restored = self.read(asked)
         step = restored.step if asked.step is not None else self.gang.lowest(restored.step)
         if step != restored.step:  # another rank found an older newest step
-            restored = self.read(checkpoints.Restore(step, asked.sources, of=asked.of))
+            restored = self.read(restore_codec.Restore(step, asked.sources, of=asked.of))
         self.checkpointer.base = load(self.model, self.optimizer, restored.state)
         trainer.report(
             rank=self.rank,
@@ -394,7 +395,7 @@ class TorchTrainer:
         )
         return restored.step
 
-    def read(self, asked: checkpoints.Restore) -> client.Restored:
+    def read(self, asked: restore_codec.Restore) -> client.Restored:
         """This rank's shard of the step asked for, model tensors filled in place. As the
         simulated trainer does: a reader of its own (saves in flight must not hold it up),
         first from the daemons the operator named, then from every peer."""

@@ -10,7 +10,7 @@ may also set ``MATRIXPOOL_SIM_STEP_SECONDS`` (compute per step, default 0.5),
 
 What it does, as a real trainer would:
 1. At start it restores what the pod says (annotation ``matrixpool.dev/restore`` in its
-   annotations file; see :mod:`matrixpool.checkpoints`), else starts at step 0; a
+   annotations file; see :mod:`matrixpool.k8s.daemons`), else starts at step 0; a
    restore that says ``fresh`` (the job had no checkpoint yet) starts at step 0 as the new
    incarnation, reading nothing.
 2. It advances one step every ``MATRIXPOOL_SIM_STEP_SECONDS`` and checkpoints as the job's spec
@@ -43,9 +43,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from matrixpool import checkpoints, clock
+from matrixpool import clock
 from matrixpool.api import labels
 from matrixpool_recovery import client, errors
+from matrixpool_recovery import restore as restore_codec
 
 STATE_BYTES = 64 << 10  # bytes of simulated state per rank
 STEPS_VARIABLE = "MATRIXPOOL_SIM_STEPS"  # pod env: exit 0 after this step (absent: never)
@@ -218,7 +219,7 @@ class Trainer:
     def restore(self, where: str | None) -> int:
         """The step to continue from: the restored one, or 0 for a fresh start."""
         try:
-            asked = checkpoints.parse_restore(where)
+            asked = restore_codec.parse_restore(where)
         except ValueError as error:
             report(rank=self.rank, step=0, restored=None, error=str(error))
             return 0

@@ -1,5 +1,5 @@
 """The anchor ConfigMap that the operator's main loop runs on (see
-:mod:`matrixpool.handlers.loop`): created at startup, removed on a clean standalone shutdown."""
+:mod:`matrixpool.controllers.loop`): created at startup, removed on a clean standalone shutdown."""
 
 from __future__ import annotations
 

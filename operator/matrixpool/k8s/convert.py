@@ -102,7 +102,7 @@ class PodFacts:
     def holds_cards(self) -> bool:
         """Cards are held from the reservation on. A pod that Succeeded holds its cards until
         every rank of its job has (a rank restarted in place gets them back), then none
-        (``released``, set by :class:`matrixpool.handlers.world.World`)."""
+        (``released``, set by :class:`matrixpool.state.world.World`)."""
         return bool(self.cards) and bool(self.node or self.reserved_node) and not self.released
 
 

@@ -2,12 +2,12 @@
 ask the checkpoint daemons goes through an :class:`Executor`.
 
 The controllers in :mod:`matrixpool.handlers` decide from the read model
-(:mod:`matrixpool.handlers.world`) and hand what they decided to the executor they were given:
+(:mod:`matrixpool.state.world`) and hand what they decided to the executor they were given:
 create, reserve, bind, annotate and delete pods, patch a status, apply a ConfigMap, record an
 Event, ask the daemons for an inventory, a heartbeat or a pin, or tell them their peers. The
 main loop gives them :class:`Live`, which calls the API server (:mod:`matrixpool.k8s.pods`,
 :mod:`matrixpool.k8s.status`, :mod:`matrixpool.k8s.configmaps`, ``kopf.event``) and the
-daemons (:mod:`matrixpool.checkpoints`). Unit tests give them a recorder instead and assert the
+daemons (:mod:`matrixpool.k8s.daemons`). Unit tests give them a recorder instead and assert the
 actions a world leads to, with no API server and no daemon (``tests/unit/test_plans.py``).
 
 :meth:`Executor.reserve` and :meth:`Executor.bind` answer one outcome per pod (``None``: done;
@@ -21,8 +21,7 @@ from typing import Any, Protocol, cast
 
 import kopf
 
-from matrixpool import checkpoints
-from matrixpool.k8s import configmaps, convert, pods
+from matrixpool.k8s import configmaps, convert, daemons, pods
 from matrixpool.k8s import scrape as metrics_scrape
 from matrixpool.k8s import status as k8s_status
 
@@ -91,7 +90,7 @@ class Executor(Protocol):
 
     async def inventory(
         self, job: str, endpoints: Mapping[str, str], persistent_uri: str | None = None
-    ) -> checkpoints.Inventory:
+    ) -> daemons.Inventory:
         """What the daemons (node -> host:port) and the tier-3 store hold of ``job``."""
         ...
 
@@ -164,20 +163,20 @@ class Live:
 
     async def inventory(
         self, job: str, endpoints: Mapping[str, str], persistent_uri: str | None = None
-    ) -> checkpoints.Inventory:
-        return await checkpoints.inventory(job, endpoints, persistent_uri)
+    ) -> daemons.Inventory:
+        return await daemons.inventory(job, endpoints, persistent_uri)
 
     async def probe(self, endpoints: Mapping[str, str]) -> dict[str, bool]:
-        return await checkpoints.probe(endpoints)
+        return await daemons.probe(endpoints)
 
     async def pin(self, job: str, endpoints: Iterable[str], step: int | None) -> list[str]:
-        return await checkpoints.pin(job, endpoints, step)
+        return await daemons.pin(job, endpoints, step)
 
     async def set_peers(self, endpoint: str, peers: list[str]) -> bool:
-        return await checkpoints.set_peers(endpoint, peers)
+        return await daemons.set_peers(endpoint, peers)
 
     async def set_kv_quotas(self, endpoint: str, quotas: Mapping[str, int]) -> bool:
-        return await checkpoints.set_kv_quotas(endpoint, quotas)
+        return await daemons.set_kv_quotas(endpoint, quotas)
 
 
 def facts_of(pod: Mapping[str, Any]) -> convert.PodFacts | None:

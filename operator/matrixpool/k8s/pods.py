@@ -1,14 +1,14 @@
 """Pods of matrixpool gangs: their manifests, and the API calls that create, reserve, bind,
 annotate and delete them — concurrently, with retries on conflicts and transient errors.
 
-Called by the scheduler cycle (``matrixpool.handlers.scheduler``). Binding is two-phase so that
+Called by the scheduler cycle (``matrixpool.controllers.scheduling``). Binding is two-phase so that
 an operator killed at any moment never gives a card twice: first every pod of the gang is
 *reserved* (annotations ``matrixpool.dev/node`` and ``matrixpool.dev/cards``), then each is
 bound through the Binding API. A restarted operator treats reserved cards as held and either
 finishes binding a fully reserved gang or clears a partial reservation.
 
 :func:`reserve` and :func:`bind` answer one outcome per pod (``None``: done; else the error),
-so the caller remembers exactly what was written (``matrixpool.handlers.world.Assumed``). A
+so the caller remembers exactly what was written (``matrixpool.state.assumed.Assumed``). A
 Binding answered 409 is done only if the pod is bound to that very node; bound elsewhere is
 :class:`BoundElsewhereError`.
 

@@ -1,5 +1,5 @@
 """Reading Prometheus ``/metrics`` of pods over HTTP, for the inference autoscaler
-(:mod:`matrixpool.handlers.autoscaler`, through :class:`matrixpool.k8s.executor.Live`).
+(:mod:`matrixpool.controllers.autoscaler`, through :class:`matrixpool.k8s.executor.Live`).
 
 All URLs at once, each bounded by a timeout; an answer that is not 200, a refused connection or
 a timeout reads as None (that pod counts for nothing this period), never as an error.

@@ -5,7 +5,7 @@ token for that job's checkpoints only (``matrixpool_recovery.credentials``). The
 InferenceService with ``spec.kvCache``: ``matrixpool-kv-<service UID>`` holds its service
 token, which opens its own KV-cache blocks only (``SERVICE`` below).
 
-Called by :mod:`matrixpool.handlers.credentials` when a TrainingJob or such a service appears.
+Called by :mod:`matrixpool.controllers.credentials` when a TrainingJob or such a service appears.
 """
 
 from __future__ import annotations

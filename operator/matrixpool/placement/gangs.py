@@ -1,7 +1,7 @@
 """From workload specs to gangs: which pods a TrainingJob or an InferenceService needs, grouped
 into the :class:`~matrixpool.placement.model.GangRequest` objects the engine places.
 
-Pure (no kopf, no Kubernetes client). The scheduler cycle (``matrixpool.handlers.scheduler``)
+Pure (no kopf, no Kubernetes client). The scheduler cycle (``matrixpool.controllers.scheduling``)
 calls it every cycle; pods are named here so that the names are stable across operator restarts.
 
 Rules:

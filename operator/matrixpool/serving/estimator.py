@@ -1,6 +1,6 @@
 """From load factors to the prefill and decode replicas an InferenceService needs.
 
-Called by the inference autoscaler (:mod:`matrixpool.handlers.autoscaler`) once a period
+Called by the inference autoscaler (:mod:`matrixpool.controllers.autoscaler`) once a period
 with the factors it read from the instances' metrics; its result goes to
 ``status.recommendation``, reasons and all (served in mode Auto, shown only in mode Advisory),
 and by ``benchmarks/serving.py`` in simulated time. Pure: no clock, no I/O, nothing

@@ -13,10 +13,10 @@ they fit (they only lose it when the pool shrinks under them); then the others, 
 priority first, then first come, each admitted when it fits in what is left, else left
 waiting with a reason — a smaller service behind a larger one that does not fit still gets
 in, as a smaller gang fills the cards a larger one cannot use. A service that waits gets no
-pods (``matrixpool.handlers.scheduler``).
+pods (``matrixpool.controllers.scheduling``).
 
 Pure: no clock, no I/O. Called by the scheduling cycle; the quota controller
-(``matrixpool.handlers.kvcache``) tells the daemons the quotas of what was admitted.
+(``matrixpool.controllers.kvcache``) tells the daemons the quotas of what was admitted.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What the autoscaler reads from an inference instance's ``/metrics``, and a service's load
 factors from two readings of each of its instances.
 
-Called by the operator's autoscaler (:mod:`matrixpool.handlers.autoscaler`), which fetches the
+Called by the operator's autoscaler (:mod:`matrixpool.controllers.autoscaler`), which fetches the
 text, and by the tests with the simulated server's own output. Pure: text in, numbers out.
 
 The names are those vLLM exports (and :mod:`matrixpool.serving.server` too): gauges

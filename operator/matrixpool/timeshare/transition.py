@@ -1,6 +1,6 @@
 """How a SuperNode moves from the split in place to a new target split, one cycle at a time.
 
-Called every scheduling cycle by ``matrixpool.handlers.timeshare``, which reads the pods and
+Called every scheduling cycle by ``matrixpool.controllers.timeshare``, which reads the pods and
 the checkpoint daemons and turns the result into per-workload allowances the scheduler obeys.
 Pure: counts and instants in, decisions out.
 

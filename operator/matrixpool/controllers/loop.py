@@ -1,0 +1,323 @@
+"""The operator's main loop: one kopf daemon that runs the scheduling cycle and the SuperNode
+status report, every :data:`CYCLE_SECONDS` and at once when a workload is created, changed or
+deleted or a gang's pod goes (:mod:`matrixpool.controllers.wake`).
+
+The daemon hangs off an *anchor* ConfigMap (``matrixpool-scheduler``, label
+``matrixpool.dev/component=scheduler``) that the operator creates in its own namespace at
+startup. kopf puts its finalizer on the object a daemon runs for; anchoring the loop to an object
+of our own keeps that finalizer off users' SuperNodes, so they can always be deleted, operator or
+not. kopf starts the daemon only once every index has its initial listing, and pauses it on
+replicas that lose a peering election, so exactly one loop schedules at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+import structlog
+
+from matrixpool import clock
+from matrixpool.controllers import (
+    autoscaler,
+    cleanup,
+    kvquotas,
+    lifecycle,
+    peers,
+    recovery,
+    supernode,
+    timeshare,
+    wake,
+)
+from matrixpool.controllers.scheduling import cycle as scheduler
+from matrixpool.k8s import anchor, daemonleases, executor
+from matrixpool.k8s import client as k8s_client
+from matrixpool.k8s.convert import PodFacts
+from matrixpool.placement import inventory
+from matrixpool.state import assumed as assuming
+from matrixpool.state import decisions as decided
+from matrixpool.state import (
+    indexes,  # noqa: F401 -- registers the kopf indexes main_loop reads
+    workloads,
+    world,
+)
+from matrixpool.state.workloads import Workload
+
+CYCLE_SECONDS = 0.25
+ERROR_BACKOFF_SECONDS = 2.0
+LABEL = {anchor.COMPONENT_LABEL: anchor.COMPONENT}
+# Test knob: seconds by which the loop's view of the pod index lags the API (default 0).
+LAG_VARIABLE = "MATRIXPOOL_WATCH_LAG_SECONDS"
+log = structlog.get_logger(__name__)
+
+
+def namespace() -> str:
+    """The operator's namespace: MATRIXPOOL_NAMESPACE (the chart sets it), else default."""
+    return k8s_client.operator_namespace()
+
+
+@kopf.on.startup()
+async def create_anchor(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.watching.label_selectors["", "configmaps"] = (
+        f"{anchor.COMPONENT_LABEL}={anchor.COMPONENT}"
+    )
+    await anchor.ensure(namespace())
+
+
+@kopf.on.cleanup()
+async def release_anchor(settings: kopf.OperatorSettings, **_: Any) -> None:
+    """A standalone operator that stops cleanly leaves nothing behind that blocks a namespace
+    deletion; peers leave the anchor to the one still running."""
+    if settings.peering.standalone:
+        await anchor.remove(namespace())
+
+
+def is_anchor(name: str, **kwargs: Any) -> bool:
+    """Only the anchor in the operator's namespace runs the loop (the chart grants patching
+    ConfigMaps there alone): one labelled alike elsewhere, which anyone may create in their
+    own namespace, must not start a second scheduling loop."""
+    return name == anchor.NAME and kwargs.get("namespace") == namespace()
+
+
+@kopf.daemon(  # type: ignore[arg-type]
+    "", "v1", "configmaps", labels=LABEL, when=is_anchor, cancellation_timeout=5
+)
+async def main_loop(
+    stopped: kopf.DaemonStopped,
+    node_facts: kopf.Index[str, inventory.NodeInfo],
+    foreign_pods: kopf.Index[str, dict[str, int]],
+    supernode_models: kopf.Index[str, Any],
+    gang_pods: kopf.Index[str, PodFacts],
+    training_jobs: kopf.Index[str, workloads.Workload],
+    inference_services: kopf.Index[str, workloads.Workload],
+    node_leases: kopf.Index[str, tuple[float, float]],
+    daemon_leases: kopf.Index[str, daemonleases.Announced],
+    memo: kopf.Memo | None = None,
+    **_: Any,
+) -> None:
+    log.info("main loop started", namespace=namespace())
+    alarm = wake.of(memo) or wake.Wake()  # rung by workload and pod events (handlers.wake)
+    state = Controllers()
+    lagged = Lagged(float(os.environ.get(LAG_VARIABLE) or 0))
+
+    copies = Copies()
+
+    def take() -> Copied:
+        """Copy what the indexes hold (the costly part of a read: 1,536 nodes and Leases, 512
+        workloads take ~10 ms at 32 supernodes)."""
+        now = clock.SYSTEM.monotonic()
+        announced = _first(daemon_leases)
+        silent = state.daemons.observe(
+            {n: (a.renewed, a.duration) for n, a in announced.items()}, now
+        )
+        return Copied(
+            taken=now,
+            pods=lagged.read({key: list(store) for key, store in gang_pods.items()}),
+            announced=announced,
+            silent=silent,
+            supernodes=_first(supernode_models),
+            nodes=with_endpoints(_all(node_facts), announced),
+            foreign=supernode.Facts.sum_held(foreign_pods),
+            workloads=[*_all(training_jobs), *_all(inference_services)],
+            stale=state.leases.observe(_first(node_leases), now),
+        )
+
+    def read() -> world.World:
+        copied = copies.get(take)
+        state.started = {n: a.started for n, a in copied.announced.items()}
+        return world.World(
+            supernodes=copied.supernodes,
+            nodes=copied.nodes,
+            foreign=copied.foreign,
+            pods=state.assumed.view(copied.pods),
+            workloads=copied.workloads,
+            unreachable=state.recoveries.unreachable(clock.SYSTEM.monotonic()) | copied.silent,
+            stale=copied.stale,
+            decisions=state.decisions,
+            shares=state.shares,
+            derived=state.derived,
+        )
+
+    while not stopped:
+        copies.clear()  # every pass reads the indexes afresh
+        try:
+            await one_pass(state, read)
+        except Exception:  # one bad cycle must not stop scheduling; the next one retries
+            log.exception("cycle failed; retrying")
+            await stopped.wait(ERROR_BACKOFF_SECONDS)
+        if state.cycle.preempted:  # the indexes lag its deletions and patches: a whole tick,
+            await stopped.wait(CYCLE_SECONDS)  # whatever wakes meanwhile (as before the wake)
+            continue
+        binding = state.cycle.binding
+        if binding is not None and not binding.done():
+            # The cycle's bindings are being written: recovery keeps its tick meanwhile, and
+            # wakes wait (no cycle could place before it is through). Once through, the status
+            # of what it bound and the next cycle come at once.
+            await asyncio.wait([binding], timeout=CYCLE_SECONDS)
+            if not binding.done():
+                continue
+            alarm.ring()
+        if state.cycle.deferred:  # gangs left for the next cycle (scheduler.PODS_PER_CYCLE)
+            alarm.ring()
+        await alarm.sleep(CYCLE_SECONDS)  # or less: a new job need not wait for the tick
+    await scheduler.settle(state.cycle)  # stopping: let the last bindings be written
+
+
+async def one_pass(state: Controllers, read: Callable[[], world.World]) -> None:
+    """1 read the world, forget what went, note the jobs that finished; 2 recovery;
+    3 the inference autoscaler's recommendations; 4 time-sharing's allowances; 5 the
+    scheduling cycle; 6 the SuperNodes' status; 7 the daemons' tier-1 peers and KV-cache
+    quotas. While the scheduling cycle's bindings are written (its binding cycle, a task of
+    its own), a pass is 1 and 2 only: 3-7 read what the bindings write. The first pass after
+    the binding cycle is through does 6 and 7 of the pass that started it before its own 3,
+    so the status is written after every binding cycle, even when each cycle binds again."""
+    now = read()
+    state.forget_replaced(now.workloads)
+    cleanup.sweep(state.sweeper, now.nodes, now.workloads)
+    act = state.act
+    lifecycle.observe(now, act)
+    await recovery.run(now, state.recoveries, act)
+    if state.binding():  # the rest reads what the binding cycle writes: next pass
+        return
+    if state.unreported:  # the pass that started the binding cycle did not report
+        state.unreported = False
+        await report(state, read)
+    await autoscaler.run(now, state.autoscaling, act)
+    state.shares = await timeshare.share(read(), state.sharing, act)
+    await scheduler.run_cycle(read, state.cycle, state.assumed, act, background=True)
+    if state.binding():
+        state.unreported = True
+        return
+    await report(state, read)
+
+
+async def report(state: Controllers, read: Callable[[], world.World]) -> None:
+    """6 and 7 of a pass: the SuperNodes' status, the daemons' tier-1 peers and KV quotas."""
+    act = state.act
+    await supernode.report(read(), state.reported, act, state.sharing.transition_status)
+    peers.run(read(), state.peering, act, state.started)
+    kvquotas.run(read(), state.cycle.kv, state.kv_quotas, act, state.started)
+
+
+@dataclass
+class Controllers:
+    """Everything the controllers remember between passes. One instance per running loop,
+    owned by it (``handlers/`` keeps no module-level state); workloads are known by UID, and
+    what is known of one is dropped when it goes or its name passes to a new object."""
+
+    decisions: decided.Decisions = field(default_factory=decided.Decisions)
+    assumed: assuming.Assumed = field(default_factory=assuming.Assumed)
+    shares: decided.Shares = field(default_factory=decided.Shares)  # time-sharing's, last pass
+    cycle: scheduler.Memory = field(default_factory=scheduler.Memory)
+    recoveries: recovery.State = field(default_factory=recovery.State)
+    sharing: timeshare.Memory = field(default_factory=timeshare.Memory)
+    leases: recovery.LeaseClock = field(default_factory=recovery.LeaseClock)  # kubelets'
+    daemons: recovery.LeaseClock = field(default_factory=recovery.LeaseClock)  # ckpt daemons'
+    started: dict[str, float] = field(default_factory=dict)  # node → when its daemon started
+    peering: peers.Memory = field(default_factory=peers.Memory)  # tier-1 peers told
+    kv_quotas: kvquotas.Memory = field(default_factory=kvquotas.Memory)  # KV quotas told
+    sweeper: cleanup.Sweeper = field(default_factory=cleanup.Sweeper)
+    reported: dict[str, dict[str, Any]] = field(default_factory=dict)  # SuperNode → status
+    identities: dict[str, str] = field(default_factory=dict)  # workload key → its UID
+    act: executor.Executor = field(default_factory=executor.Live)  # the controllers' actions
+    derived: world.Derived = field(default_factory=world.Derived)  # members, topologies
+    autoscaling: autoscaler.Memory = field(default_factory=autoscaler.Memory)  # per service
+    unreported: bool = False  # a binding cycle started and the status is not written since
+
+    def binding(self) -> bool:
+        """Whether the last scheduling cycle's binding cycle is still writing."""
+        task = self.cycle.binding
+        return task is not None and not task.done()
+
+    def forget_replaced(self, current: Sequence[workloads.Workload]) -> None:
+        """Drop what the controllers remember of workloads that went, or whose name now
+        belongs to an object with another UID (deleted and created again: a new job starts
+        clean)."""
+        now = {w.key: w.uid for w in current}
+        for key, uid in self.identities.items():
+            if now.get(key) != uid:
+                log.info("forgetting a workload that went or was replaced", key=key, uid=uid)
+                self.decisions.forget(uid)
+                self.cycle.forget(uid, key)
+                self.recoveries.forget(uid)
+                self.sharing.forget(uid, key)
+                self.autoscaling.forget(uid)
+        self.identities = now
+
+
+@dataclass(frozen=True)
+class Copied:
+    """What one read copied out of the indexes, at ``taken``."""
+
+    taken: float
+    pods: dict[str, Any]
+    announced: dict[str, daemonleases.Announced]
+    silent: frozenset[str]
+    supernodes: dict[str, Any]
+    nodes: list[inventory.NodeInfo]
+    foreign: dict[str, dict[str, int]]
+    workloads: list[Workload]
+    stale: frozenset[str]
+
+
+class Copies:
+    """The indexes' copies a pass reads again and again (six reads a pass: each controller
+    reads what the ones before it did). Copied once a pass, and again when older than a tick
+    (a pass that waited on seconds of API calls); what the operator wrote meanwhile is in the
+    assumed holdings and decisions, which every read applies afresh, and what others changed
+    is read by the next pass, as a watch that lags by that much would show it."""
+
+    def __init__(self) -> None:
+        self.copied: Copied | None = None
+
+    def clear(self) -> None:
+        self.copied = None
+
+    def get(self, take: Callable[[], Copied]) -> Copied:
+        copied = self.copied
+        if copied is None or clock.SYSTEM.monotonic() - copied.taken > CYCLE_SECONDS:
+            copied = self.copied = take()
+        return copied
+
+
+class Lagged:
+    """Test knob (:data:`LAG_VARIABLE`): the pod index as it was ``lag`` seconds ago, to show
+    that a watch lagging the loop never makes the operator give a card twice."""
+
+    def __init__(self, lag: float) -> None:
+        self.lag = lag
+        self.history: collections.deque[tuple[float, dict[str, Any]]] = collections.deque()
+
+    def read(self, pods: dict[str, Any]) -> dict[str, Any]:
+        if self.lag <= 0:
+            return pods
+        now = clock.SYSTEM.monotonic()
+        self.history.append((now, pods))
+        while len(self.history) > 1 and self.history[1][0] <= now - self.lag:
+            self.history.popleft()
+        return self.history[0][1]
+
+
+def with_endpoints(
+    nodes: list[inventory.NodeInfo], announced: dict[str, daemonleases.Announced]
+) -> list[inventory.NodeInfo]:
+    """The Nodes with their checkpoint daemon's endpoint, as its Lease announces it (none
+    without a Lease)."""
+    return [
+        dataclasses.replace(n, endpoint=announced[n.name].endpoint) if n.name in announced else n
+        for n in nodes
+    ]
+
+
+def _all(index: kopf.Index[str, Any]) -> list[Any]:
+    return [value for store in index.values() for value in store]
+
+
+def _first(index: kopf.Index[str, Any]) -> dict[str, Any]:
+    return {key: next(iter(store)) for key, store in index.items() if store}

@@ -1,0 +1,549 @@
+"""The controllers' plans with no API server and no daemon (issue 12, "plan, then act"): each
+test builds a read model by hand (tests/unit/worlds.py), runs the scheduling cycle, the
+recovery pass or time-sharing on it with a recording executor (tests/unit/recorder.py), and
+checks the actions it took — the pods created, reserved, bound, annotated and deleted, the
+status written, the Events."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import json
+from typing import Any
+
+import kubernetes
+import pytest
+
+from matrixpool.api import inferenceservice, labels
+from matrixpool.controllers import peers, recovery, timeshare
+from matrixpool.controllers.scheduling import cycle as scheduler
+from matrixpool.k8s import client as k8s_client
+from matrixpool.k8s import daemons, pods
+from matrixpool.state import assumed as assuming
+from matrixpool.state import decisions as decided
+from matrixpool.state import world
+from matrixpool.state.workloads import Workload
+from matrixpool_recovery import restore as restore_codec
+from tests.unit.recorder import Recorder
+from tests.unit.worlds import endpoint, fixed_world, held, index, job, pod, running
+
+# ---- the scheduling cycle --------------------------------------------------------------------
+
+
+def cycle(seen: world.World, executor: Recorder, memory: scheduler.Memory | None = None) -> None:
+    asyncio.run(
+        scheduler.Cycle(seen, memory or scheduler.Memory(), assuming.Assumed(), executor).run()
+    )
+
+
+def test_the_cycle_creates_the_pods_a_new_job_wants_and_deletes_surplus_ones() -> None:
+    executor = Recorder()
+    a = job("a", 2)
+    cycle(fixed_world(index(pod("a-2", "x2")), [a]), executor)
+    created = sorted(m["metadata"]["name"] for m in executor.created)
+    assert created == ["a-0", "a-1"]
+    assert executor.deleted == ["ns/a-2"], "rank 2 is beyond spec.replicas"
+    (first,) = [m for m in executor.created if m["metadata"]["name"] == "a-0"]
+    assert first["metadata"]["labels"][labels.RANK] == "0"
+
+
+def test_the_cycle_reserves_then_binds_a_whole_gang_on_distinct_cards_and_reports_it() -> None:
+    executor = Recorder()
+    a = job("a", 3)
+    cycle(fixed_world(index(*(pod(f"a-{r}", f"u{r}") for r in range(3))), [a]), executor)
+    nodes = [node for _, _, node, _ in executor.reserved]
+    assert len(nodes) == len(set(nodes)) == 3, f"one node per rank: {executor.reserved}"
+    assert set(executor.bound_to) == {"ns/a-0", "ns/a-1", "ns/a-2"}
+    assert all(executor.bound_to[f"ns/{name}"] == node for _, name, node, _ in executor.reserved)
+    (replicas,) = executor.status_of("a", "replicas")[-1:]
+    assert replicas["bound"] == 3, replicas
+
+
+def test_a_new_gang_is_placed_then_created_reserved_and_bound_in_one_cycle() -> None:
+    executor = Recorder()
+    cycle(fixed_world({}, [job("a", 3)]), executor)
+    notes = {m["metadata"]["name"]: m["metadata"]["annotations"] for m in executor.created}
+    assert sorted(notes) == ["a-0", "a-1", "a-2"]
+    for name, annotation in notes.items():
+        assert executor.bound_to[f"ns/{name}"] == annotation[pods.NODE_ANNOTATION]
+        assert len(annotation[labels.CARDS].split(",")) == 8, annotation
+    assert len(set(executor.bound_to.values())) == 3, "one node per rank"
+
+
+def test_pods_created_reserved_hold_their_cards_while_the_index_does_not_show_them() -> None:
+    executor = Recorder()
+    assumed = assuming.Assumed()
+    memory = scheduler.Memory()
+    first, second = job("first", 2), job("second", 2)
+    asyncio.run(
+        scheduler.Cycle(fixed_world(assumed.view({}), [first]), memory, assumed, executor).run()
+    )
+    assert len(assumed.created) == 2
+    # the watch has shown nothing yet: the first job's pods are in the view all the same
+    seen = fixed_world(assumed.view({}), [first, second])
+    assert {p.name for p in seen.pods["ns/first"]} == {"first-0", "first-1"}
+    asyncio.run(scheduler.Cycle(seen, memory, assumed, executor).run())
+    held = [(node, cards) for _, _, node, cards in executor.reserved]
+    assert len(held) == len(set(held)) == 4, f"a card reserved twice: {held}"
+    assert len([m for m in executor.created if m["metadata"]["name"].startswith("first")]) == 2
+
+
+def test_a_resuming_job_gets_its_pods_first_and_is_placed_once_time_sharing_told_them() -> None:
+    """Time-sharing annotates a resumed job's new pods with what to restore before they are
+    bound (its own pass, next loop): the cycle creates them unreserved and binds nothing."""
+    executor = Recorder()
+    seen = fixed_world({}, [job("a", 2)])
+    seen.shares.resuming.add("ns/a")
+    cycle(seen, executor)
+    assert sorted(m["metadata"]["name"] for m in executor.created) == ["a-0", "a-1"]
+    assert all(
+        pods.NODE_ANNOTATION not in (m["metadata"].get("annotations") or {})
+        for m in executor.created
+    )
+    assert executor.reserved == []
+    assert executor.bound_to == {}
+
+
+def test_a_new_gang_whose_pod_name_is_taken_is_not_bound() -> None:
+    class Taken(Recorder):
+        async def create_reserved(self, manifests: Any) -> Any:
+            answers = await super().create_reserved(manifests)
+            return [
+                (None, pods.AlreadyExistsError("a-1")) if f and f.name == "a-1" else (f, o)
+                for f, o in answers
+            ]
+
+    executor = Taken()
+    cycle(fixed_world({}, [job("a", 2)]), executor)
+    assert executor.bound_to == {}, "a gang with a pod of unknown state waits for the index"
+
+
+def test_a_gang_that_cannot_fit_waits_whole_with_a_reason_and_an_event() -> None:
+    executor = Recorder()
+    big = job("big", 5)  # 5 nodes of 8 cards; the SuperNode has 4
+    cycle(fixed_world(index(*(pod(f"big-{r}", f"u{r}") for r in range(5))), [big]), executor)
+    assert executor.reserved == [], "nothing of the gang is placed"
+    assert executor.bound_to == {}
+    (conditions,) = executor.status_of("big", "conditions")[-1:]
+    scheduled = next(c for c in conditions if c["type"] == "Scheduled")
+    assert scheduled["status"] == "False"
+    assert scheduled["reason"] in executor.reasons("big"), executor.events
+
+
+def test_a_cycle_binds_at_most_its_pods_and_leaves_the_other_gangs_to_the_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PODS_PER_CYCLE: the gangs past it are neither placed nor given waiting pods nor a
+    reason; the memory says more is left, and the next cycle places them, in order."""
+    monkeypatch.setattr(scheduler, "PODS_PER_CYCLE", 3)
+    jobs = [job("a", 2), job("b", 2), job("c", 2), job("d", 1)]
+    memory, executor = scheduler.Memory(), Recorder()
+    cycle(fixed_world({}, jobs, nodes=8), executor, memory)
+    assert sorted(executor.bound_to) == ["ns/a-0", "ns/a-1", "ns/b-0", "ns/b-1"], "b still goes"
+    assert sorted(m["metadata"]["name"] for m in executor.created) == ["a-0", "a-1", "b-0", "b-1"]
+    assert memory.deferred
+    assert not executor.reasons("c")
+    assert not executor.reasons("d")
+    later = Recorder()
+    bound = index(*running("a", 2), *running("b", 2, first_node=2))
+    cycle(fixed_world(bound, jobs, nodes=8), later, memory)
+    assert sorted(later.bound_to) == ["ns/c-0", "ns/c-1", "ns/d-0"]
+    assert not memory.deferred
+
+
+class Refusing(Recorder):
+    """An API server whose RBAC refuses every Binding (the rule was taken out)."""
+
+    async def bind(self, bindings: Any) -> list[Any]:
+        refusal = kubernetes.client.ApiException(status=403, reason="Forbidden")
+        refusal.body = (
+            '{"message": "pods is forbidden: User \\"system:serviceaccount:matrixpool-system:'
+            'matrixpool\\" cannot create resource \\"pods/binding\\""}'
+        )
+        return [refusal] * len(bindings)
+
+
+def test_a_binding_refused_by_rbac_says_so_in_the_condition_and_an_event() -> None:
+    executor = Refusing()
+    a = job("a", 2)
+    cycle(fixed_world(index(*(pod(f"a-{r}", f"u{r}") for r in range(2))), [a]), executor)
+    (conditions,) = executor.status_of("a", "conditions")[-1:]
+    scheduled = next(c for c in conditions if c["type"] == "Scheduled")
+    assert (scheduled["status"], scheduled["reason"]) == ("False", "Forbidden"), scheduled
+    assert "ClusterRole" in scheduled["message"], scheduled
+    assert 'cannot create resource "pods/binding"' in scheduled["message"], scheduled
+    assert "Forbidden" in executor.reasons("a")
+
+
+def test_a_create_refused_because_the_namespace_goes_is_no_rbac_refusal() -> None:
+    """A namespace being deleted answers 403 too, with the NamespaceTerminating cause: no
+    ClusterRole is missing, so no Forbidden condition and no hint at one."""
+    going = kubernetes.client.ApiException(status=403, reason="Forbidden")
+    going.body = json.dumps(
+        {
+            "message": 'pods "a-0" is forbidden: unable to create new content in namespace ns '
+            "because it is being terminated",
+            "details": {
+                "causes": [
+                    {"type": "NamespaceTerminating", "message": "namespace ns is being terminated"}
+                ]
+            },
+        }
+    )
+    assert k8s_client.forbidden(going) is None
+    rbac = kubernetes.client.ApiException(status=403, reason="Forbidden")
+    rbac.body = '{"message": "pods is forbidden: cannot create resource"}'
+    assert k8s_client.forbidden(rbac) == "pods is forbidden: cannot create resource"
+    assert k8s_client.forbidden(kubernetes.client.ApiException(status=409)) is None
+
+
+def test_a_higher_priority_gang_preempts_one_without_checkpoints_at_once() -> None:
+    executor = Recorder()
+    low = job("low", 2, priority=10)
+    high = job("high", 4, priority=500)
+    facts = index(*running("low", 2), *(pod(f"high-{r}", f"h{r}") for r in range(4)))
+    memory = scheduler.Memory()
+    cycle(fixed_world(facts, [low, high]), executor, memory)
+    assert sorted(executor.deleted) == ["ns/low-0", "ns/low-1"], "no checkpoint to wait for"
+    preempted = [c for c in executor.status_of("low", "conditions")[-1] if c["type"] == "Preempted"]
+    assert preempted
+    assert preempted[0]["status"] == "True"
+    assert "Preempted" in executor.reasons("low")
+    (record,) = executor.status_of("low", "preemptions")[-1]
+    assert (record["by"], record["priority"]) == ("ns/high", 500)
+    assert record["checkpoint"] == "NotAsked"
+    assert "replicasKept" not in record, "evicted whole"
+
+
+def test_the_cards_a_waiting_preemptor_needs_go_to_no_lower_priority_meanwhile() -> None:
+    """Its victims' pods are going (n0, n1); n2 and n3 are free: a lower priority placed after
+    it in the cycle must not take them, or the preemptor still does not fit once n0 and n1
+    are free and preempts again, round after round (the stress test saw it)."""
+    executor = Recorder()
+    high, mid, low = job("high", 4, priority=500), job("mid", 2, priority=50), job("low", 2)
+    facts = index(
+        *running("low", 2, deleting=True),
+        *(pod(f"high-{r}", f"h{r}") for r in range(4)),
+        *(pod(f"mid-{r}", f"m{r}") for r in range(2)),
+    )
+    memory = scheduler.Memory()
+    cycle(fixed_world(facts, [high, mid, low]), executor, memory)
+    assert executor.reserved == [], "n2 and n3 wait for high, whose victims are going"
+    assert memory.reasons["ns/high"].code == "WaitingForEviction"
+
+
+def test_an_evicted_job_bound_again_closes_its_preemption_with_the_step_it_restores() -> None:
+    executor = Recorder()
+    value = restore_codec.restore_value(6, [], "preempt-abc", incarnation=9, of=1)
+    record = {
+        "by": "ns/high",
+        "priority": 500,
+        "requestId": "abc",
+        "evictedAt": "2026-11-30T10:00:00Z",
+        "checkpoint": "Answered",
+        "step": 6,
+    }
+    preempted = {
+        "type": "Preempted",
+        "status": "True",
+        "reason": "Preempted",
+        "message": "evicted",
+        "lastTransitionTime": "2026-11-30T10:00:00Z",
+    }
+    low = job("low", 2, status={"preemptions": [record], "conditions": [preempted]})
+    cycle(fixed_world(index(*running("low", 2, restore=value)), [low]), executor)
+    (closed,) = executor.status_of("low", "preemptions")[-1]
+    assert closed["restoredStep"] == 6
+    assert closed["resumedAt"]
+    conditions = {c["type"]: c for c in executor.status_of("low", "conditions")[-1]}
+    assert conditions["Preempted"]["status"] == "False"
+
+
+def test_a_jobs_own_grace_overrides_its_supernodes() -> None:
+    running_pod = fixed_world(index(*running("saver", 1)), [])
+    own = job("saver", 1, checkpoint=True)
+    own.model.spec.checkpoint.grace_seconds = 5  # type: ignore[union-attr]
+    assert scheduler.Cycle(running_pod, scheduler.Memory()).checkpoint_grace(own) == 5.0
+
+
+# ---- recovery --------------------------------------------------------------------------------
+
+
+def recover(seen: world.World, executor: Recorder, state: recovery.State) -> None:
+    asyncio.run(recovery.run(seen, state, executor))
+
+
+def test_a_failed_pod_is_recovered_in_place_from_the_newest_step_every_rank_holds() -> None:
+    executor = Recorder()
+    a = job("a", 2, checkpoint=True)
+    executor.inventories["uid-a"] = daemons.Inventory(
+        (
+            *(held("uid-a", s, r, f"n{r}") for s in (4, 6) for r in (0, 1)),
+            held("uid-a", 8, 0, "n0"),  # rank 1 never committed step 8
+        )
+    )
+    pods = running("a", 2)
+    pods[1] = dataclasses.replace(pods[1], phase="Failed")
+    seen = fixed_world(index(*pods), [a])
+    recover(seen, executor, recovery.State())
+    (plan,) = executor.status_of("a", "recovering")
+    assert (plan["level"], plan["restoredStep"]) == ("InPlace", 6), plan
+    assert plan["targets"] == {"1": "n1"}
+    assert seen.decisions.recovering["uid-a"].wire() == plan, "the plan is in the read model too"
+    assert executor.deleted_at_once == ["ns/a-1"], "a failed pod goes without grace"
+    ((reloaded, annotations),) = executor.annotated
+    told = restore_codec.parse_restore(annotations[labels.RESTORE])
+    assert reloaded == "ns/a-0"
+    assert told is not None
+    assert (told.step, told.recovery) == (6, plan["id"])
+    pinned = ("uid-a", ("10.0.0.0:7040", "10.0.0.1:7040"), 6)
+    assert executor.pins == [pinned], "the step is pinned on both holders first"
+    assert "Recovering" in executor.reasons("a")
+
+
+def test_a_lost_node_swaps_in_a_spare_and_its_rank_restores_from_a_peer_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(recovery, "SETTLE_SECONDS", 0.0)
+    executor = Recorder()
+    a = job("a", 2, checkpoint=True)
+    executor.inventories["uid-a"] = daemons.Inventory(
+        (held("uid-a", 6, 0, "n0"), held("uid-a", 6, 1, "n0"))  # n0 keeps rank 1's peer copy
+    )
+    seen = fixed_world(index(*running("a", 2)), [a], spares=1, down=frozenset({"n1"}))
+    recover(seen, executor, recovery.State())
+    (plan,) = executor.status_of("a", "recovering")
+    assert (plan["level"], plan["restoredStep"]) == ("SpareSwap", 6), plan
+    (spare,) = plan["targets"].values()
+    assert spare not in ("n0", "n1"), plan
+    assert executor.deleted_at_once == ["ns/a-1"], "the rank on the lost node goes at once"
+    assert "n1" not in {n for _, asked in executor.asked for n in asked}, "a lost node is not asked"
+
+
+def test_a_rank_on_a_node_whose_kubelet_went_silent_is_deleted_without_grace() -> None:
+    """The node's Lease is stale but its Node still says Ready (the controller-manager marks it
+    later): a graceful delete would wait for a kubelet that is gone, and with it the new pod.
+    Found on a real node whose kubelet was stopped (tests/realnodes)."""
+    executor = Recorder()
+    value = restore_codec.restore_value(6, [], "r1-abc", incarnation=9, of=1)
+    plan = {
+        "id": "r1-abc",
+        "level": "SpareSwap",
+        "cause": "NodeDown on n1",
+        "restoredStep": 6,
+        "lostSteps": 0,
+        "detectedAt": "2026-11-30T10:00:00Z",
+        "targets": {"1": "n2"},
+        "restore": {"0-1": value},
+        "pinned": [],
+    }
+    a = job("a", 2, checkpoint=True, status={"recovering": plan})
+    pods = running("a", 2)
+    pods[1] = dataclasses.replace(pods[1], deleting=True)  # deleted with grace, never finished
+    seen = fixed_world(index(*pods), [a], spares=1)
+    seen = dataclasses.replace(seen, stale=frozenset({"n1"}))
+    recover(seen, executor, recovery.State())
+    assert executor.deleted_at_once == ["ns/a-1"]
+
+
+def test_a_job_out_of_recoveries_fails_with_the_reason() -> None:
+    executor = Recorder()
+    a = job("a", 2, checkpoint=True, recovery={"maxRecoveries": 1}, status={"recoveryCount": 1})
+    executor.inventories["uid-a"] = daemons.Inventory(
+        tuple(held("uid-a", 6, r, f"n{r}") for r in (0, 1))
+    )
+    pods = running("a", 2)
+    pods[0] = dataclasses.replace(pods[0], phase="Failed")
+    seen = fixed_world(index(*pods), [a])
+    recover(seen, executor, recovery.State())
+    assert seen.decisions.failed["uid-a"][0] == "MaxRecoveriesReached"
+    assert "MaxRecoveriesReached" in executor.reasons("a")
+    assert executor.status_of("a", "recovering") == []
+    assert executor.deleted_at_once == []
+
+
+def test_a_recovery_is_recorded_once_every_rank_runs_the_restored_step() -> None:
+    executor = Recorder()
+    value = restore_codec.restore_value(6, [], "r1-abc", incarnation=9, of=1)
+    plan = {
+        "id": "r1-abc",
+        "level": "InPlace",
+        "cause": "PodFailed on n1",
+        "restoredStep": 6,
+        "lostSteps": 1,
+        "detectedAt": "2026-11-30T10:00:00Z",
+        "targets": {"1": "n1"},
+        "restore": {"0-1": value},
+        "pinned": ["10.0.0.0:7040"],
+    }
+    a = job("a", 2, checkpoint=True, status={"recovering": plan})
+    seen = fixed_world(index(*running("a", 2, restore=value)), [a])
+    recover(seen, executor, recovery.State())
+    (written,) = [s for s in executor.statuses if "recoveries" in s]
+    assert written["recovering"] is None
+    assert written["recoveryCount"] == 1
+    (entry,) = written["recoveries"]
+    assert (entry["id"], entry["restoredStep"]) == ("r1-abc", 6)
+    assert "targets" not in entry
+    assert entry["recoveredAt"]
+    assert ("uid-a", ("10.0.0.0:7040",), None) in executor.pins, "the pin is let go"
+    assert "Recovered" in executor.reasons("a")
+
+
+# ---- time-sharing ----------------------------------------------------------------------------
+
+ALL_DAY: dict[
+    str, Any
+] = {  # one window, all day: inference may take the whole SuperNode (4 nodes, 32 cards)
+    "timezone": "UTC",
+    "windows": [{"name": "busy", "start": "00:00", "end": "00:00", "inferenceCards": 32}],
+    "checkpointGraceSeconds": 30,
+}
+
+
+def service(name: str, replicas: int) -> Workload:
+    body = {
+        "apiVersion": "matrixpool.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"},
+        "spec": {
+            "superNode": "sn-a",
+            "roles": [
+                {"name": "serve", "replicas": replicas, "podsPerReplica": 1, "cardsPerPod": 8}
+            ],
+        },
+    }
+    model = inferenceservice.parse(body)
+    return Workload("InferenceService", "ns", name, f"uid-{name}", "", 1, model, None, {})
+
+
+def test_a_window_that_gives_inference_every_card_asks_training_to_checkpoint_then_suspends_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(timeshare, "CHECK_SECONDS", 0.0)
+    executor, memory = Recorder(), timeshare.Memory()
+    a = job("a", 2, checkpoint=True)
+    chat = service("chat", 4)
+    executor.inventories["uid-a"] = daemons.Inventory(
+        tuple(held("uid-a", 4, r, f"n{r}") for r in (0, 1))
+    )
+    seen = fixed_world(index(*running("a", 2)), [a, chat], time_sharing=ALL_DAY)
+
+    async def passes(count: int) -> decided.Shares:
+        shares = decided.Shares()
+        for _ in range(count):
+            shares = await timeshare.share(seen, memory, executor)
+            await asyncio.sleep(0.01)  # the daemons are asked in the background
+        return shares
+
+    shares = asyncio.run(passes(2))
+    asked = {pod: values[labels.CHECKPOINT_REQUEST] for pod, values in executor.annotated}
+    assert set(asked) == {"ns/a-0", "ns/a-1"}
+    assert len(set(asked.values())) == 1
+    request = executor.status_of("a", "timeSharing")[0]["checkpointRequest"]
+    assert request["baselineStep"] == 4
+    assert request["replicas"] == 0
+    assert shares.phases["ns/a"] == "Checkpointing"
+    assert shares.training["ns/a"] == 2, "its pods stay until it answers"
+    assert "CheckpointRequested" in executor.reasons("a")
+
+    executor.inventories["uid-a"] = daemons.Inventory(  # the answer: step 6 on both ranks
+        tuple(held("uid-a", s, r, f"n{r}") for s in (4, 6) for r in (0, 1))
+    )
+    shares = asyncio.run(passes(2))
+    assert shares.training["ns/a"] == 0
+    assert shares.phases["ns/a"] == "Suspended"
+    (suspension,) = executor.status_of("a", "timeSharing")[-1]["suspensions"]
+    assert (suspension["step"], suspension["answered"], suspension["worldSize"]) == (6, True, 2)
+    assert "Suspended" in executor.reasons("a")
+
+
+def test_a_suspended_job_that_gets_cards_back_is_told_to_restore_its_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    executor, memory = Recorder(), timeshare.Memory()
+    suspended: dict[str, Any] = {
+        "timeSharing": {
+            "suspensions": [
+                {
+                    "requestId": "ts-1",
+                    "window": "busy",
+                    "suspendedAt": datetime.datetime(2026, 11, 30, 9, tzinfo=datetime.UTC)
+                    .isoformat()
+                    .replace("+00:00", "Z"),
+                    "worldSize": 2,
+                    "step": 6,
+                    "answered": True,
+                }
+            ]
+        }
+    }
+    a = job("a", 2, checkpoint=True, status=suspended)
+    executor.inventories["uid-a"] = daemons.Inventory(
+        tuple(held("uid-a", 6, r, f"n{r}") for r in (0, 1))
+    )
+    quiet = {**ALL_DAY, "windows": [{**ALL_DAY["windows"][0], "inferenceCards": 0}]}
+    pending = index(pod("a-0", "new0"), pod("a-1", "new1"))
+    seen = fixed_world(pending, [a], time_sharing=quiet)
+    asyncio.run(timeshare.share(seen, memory, executor))
+    told = {pod: restore_codec.parse_restore(v[labels.RESTORE]) for pod, v in executor.annotated}
+    assert set(told) == {"ns/a-0", "ns/a-1"}
+    assert all(t is not None and t.step == 6 and t.recovery == "resume-ts-1" for t in told.values())
+
+    bound = index(*running("a", 2))
+    asyncio.run(timeshare.share(fixed_world(bound, [a], time_sharing=quiet), memory, executor))
+    (closed,) = executor.status_of("a", "timeSharing")[-1]["suspensions"]
+    assert closed["restoredStep"] == 6
+    assert closed["resumedAt"]
+    assert "Resumed" in executor.reasons("a")
+
+
+# ---- tier-1 peers ----------------------------------------------------------------------------
+
+
+def test_every_daemon_is_told_peers_in_another_rack_as_many_as_its_jobs_copy_to() -> None:
+    executor, memory = Recorder(), peers.Memory()
+    seen = fixed_world({}, [])  # n0, n1 in rack-0; n2, n3 in rack-1
+    rack = {endpoint(f"n{i}"): i // 2 for i in range(4)}
+
+    async def told() -> dict[str, list[str]]:
+        peers.run(seen, memory, executor, {})
+        await asyncio.sleep(0.01)  # told in the background
+        return executor.peers
+
+    first = asyncio.run(told())
+    assert set(first) == set(rack), "every daemon"
+    assert all(len(p) == 1 and rack[p[0]] != rack[d] for d, p in first.items()), first
+
+    copied = job("a", 2, checkpoint=True)
+    copied.model.spec.checkpoint.memory.peer_replicas = 2  # type: ignore[union-attr]
+    seen = fixed_world({}, [copied])
+    second = asyncio.run(told())
+    assert all(len(p) == 2 for p in second.values()), second
+    assert all(rack[p[0]] != rack[d] for d, p in second.items()), second
+
+
+def test_a_daemon_that_started_again_or_did_not_answer_is_told_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    executor, memory = Recorder(), peers.Memory()
+    executor.healthy[endpoint("n3")] = False  # refuses the list
+    seen = fixed_world({}, [])
+
+    async def once(started: dict[str, float]) -> None:
+        peers.run(seen, memory, executor, started)
+        await asyncio.sleep(0.01)
+
+    asyncio.run(once({}))
+    assert endpoint("n3") not in executor.peers
+    executor.peers.clear()
+    executor.healthy[endpoint("n3")] = True
+    asyncio.run(once({}))
+    assert executor.peers == {}, "a daemon that refused is not asked again at once"
+    monkeypatch.setattr(peers, "RETRY_SECONDS", 0.0)
+    asyncio.run(once({"n1": 5.0}))  # n1's daemon restarted (its Lease's acquireTime moved)
+    assert set(executor.peers) == {endpoint("n1"), endpoint("n3")}, "only those two again"
+    executor.peers.clear()
+    asyncio.run(once({"n1": 5.0}))
+    assert executor.peers == {}, "nothing changed: nobody is told"

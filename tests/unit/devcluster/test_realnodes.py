@@ -1,0 +1,120 @@
+"""The real nodes' files and names (matrixpool.devcluster.realnodes), without starting them."""
+
+from __future__ import annotations
+
+import json
+import re
+import tarfile
+from pathlib import Path
+
+from matrixpool.api import labels
+from matrixpool.devcluster import images, realnodes
+
+
+def test_two_cluster_folders_get_different_names_and_subnets(tmp_path: Path) -> None:
+    a = realnodes.Network.of(tmp_path / "a")
+    b = realnodes.Network.of(tmp_path / "b")
+    assert a.tag != b.tag
+    assert a == realnodes.Network.of(tmp_path / "a")  # stable: down finds what up made
+    for network in (a, b):
+        assert len(network.bridge) <= 15  # IFNAMSIZ
+        assert len(network.host_veth(63)) <= 15
+        assert 100 <= network.octet < 200
+    assert a.node_ip(0) != a.node_ip(1)
+    assert a.pod_subnet(0) != a.pod_subnet(1)
+    assert a.gateway == f"10.{a.octet}.0.1"
+
+
+def test_containerd_config_keeps_every_path_in_the_node_folder(tmp_path: Path) -> None:
+    node = realnodes.Node(1, tmp_path / "real-1")
+    config = realnodes.containerd_config(node)
+    assert f'address = "{node.socket}"' in config
+    assert f'root = "{tmp_path / "real-1" / "containerd" / "root"}"' in config
+    assert f'sandbox_image = "{realnodes.PAUSE_IMAGE}"' in config
+    # Without it runc fails on this machine ("can't get final child's PID from pipe").
+    assert "restrict_oom_score_adj = true" in config
+    assert "netns_mounts_under_state_dir = true" in config
+    assert str(tmp_path / "real-1" / "cni" / "net.d") in config
+
+
+def test_cni_gives_each_node_its_own_pod_subnet_and_address_file(tmp_path: Path) -> None:
+    network = realnodes.Network("abcd", 150)
+    first = realnodes.cni_config(realnodes.Node(0, tmp_path / "real-0"), network)
+    second = realnodes.cni_config(realnodes.Node(1, tmp_path / "real-1"), network)
+    ipam = [c["plugins"][0]["ipam"] for c in (first, second)]
+    assert ipam[0]["ranges"] == [[{"subnet": "10.150.1.0/24"}]]
+    assert ipam[1]["ranges"] == [[{"subnet": "10.150.2.0/24"}]]
+    assert ipam[0]["dataDir"] != ipam[1]["dataDir"]
+    assert first["name"] != second["name"]
+    json.dumps(first)  # containerd reads it as JSON
+
+
+def test_kubelet_never_collects_images_it_could_not_pull_again(tmp_path: Path) -> None:
+    config = realnodes.kubelet_config(realnodes.Node(0, tmp_path), tmp_path / "ca.crt")
+    assert config["imageGCHighThresholdPercent"] == 100
+    assert config["failCgroupV1"] is False
+    assert (
+        config["containerRuntimeEndpoint"]
+        == f"unix://{tmp_path / 'containerd' / 'containerd.sock'}"
+    )
+    assert config["authentication"]["anonymous"]["enabled"] is False
+    assert config["authentication"]["x509"]["clientCAFile"] == str(tmp_path / "ca.crt")
+
+
+def test_node_processes_enter_the_nodes_network_and_mounts(tmp_path: Path) -> None:
+    network = realnodes.Network("abcd", 150)
+    node = realnodes.Node(2, tmp_path / "real-2")
+    args = realnodes.kubelet_args(node, network, Path("/bin-dir"), {"type": "real"})
+    assert args[:4] == [
+        "nsenter",
+        "--net=/run/netns/mpabcdn2",
+        f"--mount={realnodes.MOUNT_NAMESPACES / 'abcd' / 'mpabcdn2'}",
+        "--",
+    ]
+    assert "--node-ip=10.150.0.12" in args
+    assert "--hostname-override=real-2" in args
+    assert "--root-dir=/var/lib/kubelet" in args  # the node's own, bound in its mount namespace
+    assert "/var/lib/kubelet" in realnodes.NODE_PATHS
+    assert "/var/lib/matrixpool/persistent" not in realnodes.NODE_PATHS  # tier 3 is shared
+
+
+def test_real_nodes_are_labelled_into_racks_of_their_supernode() -> None:
+    assert realnodes.node_labels(3, 2, "sn-real") == {
+        labels.SUPERNODE: "sn-real",
+        labels.RACK: "sn-real-rack-1",
+        "type": "real",
+    }
+
+
+def test_a_docker_archive_holds_the_layers_and_a_config_naming_them(tmp_path: Path) -> None:
+    payload = tmp_path / "hello"
+    payload.write_bytes(b"#!/bin/sh\necho hi\n")
+    layer = images.layer_of_files({"hello": payload})
+    out = images.write_archive(
+        tmp_path / "img.tar", "example/hello:1", layers=[layer], config={"Entrypoint": ["/hello"]}
+    )
+    with tarfile.open(out) as tar:
+        manifest = json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
+        config = json.load(tar.extractfile(manifest[0]["Config"]))  # type: ignore[arg-type]
+        with tarfile.open(fileobj=tar.extractfile("0/layer.tar")) as inner:
+            assert inner.getnames() == ["hello"]
+    assert manifest[0]["RepoTags"] == ["example/hello:1"]
+    assert config["rootfs"]["diff_ids"] == [images.digest(layer)]
+    assert config["config"]["Entrypoint"] == ["/hello"]
+    assert config["config"]["Env"][0].startswith("PATH=")
+
+
+def test_the_dockerfile_describes_the_image_make_image_builds() -> None:
+    root = Path(__file__).resolve().parents[3]
+    script = (root / "tools" / "image" / "build.sh").read_text()
+    dockerfile = (root / "Dockerfile").read_text()
+    listed = re.search(r"^packages=\(([^)]*)\)", script, re.M)
+    assert listed is not None
+    installed = re.search(r"--no-install-recommends \\\n\s+([^\n]+) \\\n", dockerfile)
+    assert installed is not None
+    assert set(listed.group(1).split()) == set(installed.group(1).split())
+    for same in ('"User": "65532:65532"', '"Entrypoint": ["matrixpool"]', "--system-site-packages"):
+        assert same in script
+    assert "USER 65532:65532" in dockerfile
+    assert 'ENTRYPOINT ["matrixpool"]' in dockerfile
+    assert "--system-site-packages /opt/matrixpool" in dockerfile
