@@ -21,27 +21,26 @@ Per scale (``--scales``, supernodes of 48 kwok nodes x 8 cards, racks of 4 nodes
 
 How each figure is read:
 
-* Cycle p50/p99: deltas of the operator's ``matrixpool_cycle_seconds`` histogram (one
-  scheduling cycle, ``handlers.scheduler.run_cycle``) over each phase. The operator logs no
+* Cycle p50/p99: deltas of the operator's ``matrixpool_cycle_seconds`` histogram (one scheduling
+  cycle, ``controllers.scheduling.cycle.run_cycle``) over each phase. The operator logs no
   per-cycle duration, so the quantiles are interpolated linearly inside the histogram's buckets
-  (0.005 ... 5 s): a figure is only as fine as its bucket. ``share_within_1s`` is exact (1 s
-  is a bucket bound) and decides the p99 < 1 s goal. ``passes_per_second`` counts cycles per
-  wall second: the main loop's whole pass (recovery, time-sharing, cycle, status report, peers)
-  plus its pause (0.25 s, or less when a workload event or a gang pod's deletion wakes it).
-  The scheduling cycle decides; its binding cycle (create the pods reserved, bind them, write
-  the workloads' status) runs apart, as kube-scheduler's does, and is read the same way from
-  ``matrixpool_gang_bind_seconds`` (``binding_p50_s``, ``binding_p99_s``; buckets 0.05 ... 30
-  s) in the phases that bind.
-* Operator RSS: ``VmRSS`` (and the peak, ``VmHWM``) of the operator process, the direct child.
-* API requests per second: deltas of the kube-apiserver's own ``apiserver_request_total`` over
-  each phase. ``api_rps_total`` counts every client (kwok's node and pod status, leases, the
-  controller manager, this script's own reads and creations). ``api_rps_operator`` counts only
-  what nobody else here writes (:func:`operators`): pods create and non-status patch,
-  pods/binding, the matrixpool CRs' writes (status and kopf's own patches), events,
-  configmaps, secrets (each job's checkpoint credential). It leaves out the operator's
-  LIST/WATCH (and any GET: other clients use the same verbs) and pod DELETEs (kwok deletes
-  every pod the operator deletes once more, with no grace), so it is a lower bound;
-  ``api_top`` gives the busiest (verb, resource, subresource) of each phase for the rest.
+  (0.005 ... 5 s): a figure is only as fine as its bucket. ``share_within_1s`` is exact (1 s is a
+  bucket bound) and decides the p99 < 1 s goal. ``passes_per_second`` counts cycles per wall
+  second: the main loop's whole pass (recovery, time-sharing, cycle, status report, peers) plus
+  its pause (0.25 s, or less when a workload event or a gang pod's deletion wakes it). The
+  scheduling cycle decides; its binding cycle (create the pods reserved, bind them, write the
+  workloads' status) runs apart, as kube-scheduler's does, and is read the same way from
+  ``matrixpool_gang_bind_seconds`` (``binding_p50_s``, ``binding_p99_s``; buckets 0.05 ... 30 s)
+  in the phases that bind. * Operator RSS: ``VmRSS`` (and the peak, ``VmHWM``) of the operator
+  process, the direct child. * API requests per second: deltas of the kube-apiserver's own
+  ``apiserver_request_total`` over each phase. ``api_rps_total`` counts every client (kwok's node
+  and pod status, leases, the controller manager, this script's own reads and creations).
+  ``api_rps_operator`` counts only what nobody else here writes (:func:`operators`): pods create
+  and non-status patch, pods/binding, the matrixpool CRs' writes (status and kopf's own patches),
+  events, configmaps, secrets (each job's checkpoint credential). It leaves out the operator's
+  LIST/WATCH (and any GET: other clients use the same verbs) and pod DELETEs (kwok deletes every
+  pod the operator deletes once more, with no grace), so it is a lower bound; ``api_top`` gives
+  the busiest (verb, resource, subresource) of each phase for the rest.
 
     .venv/bin/python benchmarks/scale.py --json [--scales 4,32]      # or: make scale
 

@@ -1,7 +1,7 @@
 """The KV-cache pool a node daemon lends to inference services: KV blocks by service and prefix
 hash, a byte quota per service, least-recently-used eviction. Pure: no I/O, no clock (recency
 is a counter). The daemon (``daemon``) holds one behind a lock and serves it on ``/v1/kv/...``;
-``tests/unit/test_kvpool.py`` drives it directly.
+``tests/unit/serving/test_kvpool.py`` drives it directly.
 
 A block is keyed by ``(service, prefix hash)``: the service is the InferenceService's UID, the
 hash names a token prefix by content (``matrixpool.serving.engine.block_hashes``). Each service

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from matrixpool.api import common, trainingjob
-from matrixpool.controllers import recovery
+from matrixpool.controllers.recovery import carry_out
 from tests.integration import framework, manifests
 from tests.unit.test_recovery_limits import reschedule_plan
 
@@ -102,7 +102,7 @@ def test_more_recoveries_than_kept_are_rejected_and_the_trimmed_history_is_kept(
     assert f"must have at most {KEPT} items" in error, error
     full = {"recoveries": [entry(i) for i in range(KEPT)], "recoveryCount": 57}
     patch_status(cluster, namespace, "long", full, tmp_path)
-    next_one = recovery.recorded(status_of(cluster, namespace, "long"), entry(KEPT))
+    next_one = carry_out.recorded(status_of(cluster, namespace, "long"), entry(KEPT))
     patch_status(cluster, namespace, "long", next_one, tmp_path)
     stored = status_of(cluster, namespace, "long")
     assert [r["id"] for r in stored["recoveries"]] == [f"r{i}" for i in range(1, KEPT + 1)]

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from matrixpool.api import labels
-from matrixpool.k8s import convert, daemons, executor, pods
+from matrixpool.k8s import convert, daemonclient, executor, pods
 
 
 @dataclass
@@ -29,7 +29,7 @@ class Recorder:
     configmaps: dict[str, dict[str, str]] = field(default_factory=dict)
     events: list[tuple[str, str, str, str]] = field(default_factory=list)  # name, type, reason, msg
     # the daemons: job UID → what they hold; node → whether its daemon answers
-    inventories: dict[str, daemons.Inventory] = field(default_factory=dict)
+    inventories: dict[str, daemonclient.Inventory] = field(default_factory=dict)
     healthy: dict[str, bool] = field(default_factory=dict)
     asked: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)  # inventory calls
     pins: list[tuple[str, tuple[str, ...], int | None]] = field(default_factory=list)
@@ -103,10 +103,10 @@ class Recorder:
 
     async def inventory(
         self, job: str, endpoints: Mapping[str, str], persistent_uri: str | None = None
-    ) -> daemons.Inventory:
+    ) -> daemonclient.Inventory:
         """What the asked daemons that answer hold (tier 3 only when its URI is given)."""
         self.asked.append((job, tuple(sorted(endpoints))))
-        held = self.inventories.get(job, daemons.Inventory(()))
+        held = self.inventories.get(job, daemonclient.Inventory(()))
         silent = frozenset(n for n in endpoints if not self.healthy.get(n, True))
         seen = tuple(
             h
@@ -114,7 +114,7 @@ class Recorder:
             if (h.tier == "persistent" and persistent_uri)
             or (h.tier != "persistent" and h.node in endpoints and h.node not in silent)
         )
-        return daemons.Inventory(seen, dict(endpoints), silent)
+        return daemonclient.Inventory(seen, dict(endpoints), silent)
 
     async def probe(self, endpoints: Mapping[str, str]) -> dict[str, bool]:
         return {node: self.healthy.get(node, True) for node in endpoints}
@@ -149,3 +149,75 @@ class Recorder:
     def status_of(self, name: str, key: str) -> list[Any]:
         """Every value of status field ``key`` patched on object ``name``, oldest first."""
         return [s[key] for s in self.statuses if s["name"] == name and key in s]
+
+    def end_state(self) -> EndState:
+        """What the calls left behind, summed up for one ``assert got == want``."""
+        reserved = {name: (node, compact(cards)) for _, name, node, cards in self.reserved}
+        names = [name for _, name, _, _ in self.reserved]
+        again = sorted({name for name in names if names.count(name) > 1})
+        for manifest in self.created:  # created reserved (a recovery's pinned pods)
+            meta = manifest["metadata"]
+            notes = meta.get("annotations") or {}
+            if pods.NODE_ANNOTATION in notes:
+                reserved[meta["name"]] = (notes[pods.NODE_ANNOTATION], compact(notes[labels.CARDS]))
+        statuses: dict[str, dict[str, Any]] = {}
+        for patch in self.statuses:  # merge patches: each top-level field, the last one
+            statuses.setdefault(patch["name"], {}).update(patch)
+        return EndState(
+            created=sorted(m["metadata"]["name"] for m in self.created),
+            reserved=reserved,
+            reserved_again=again,
+            bound={key.split("/", 1)[1]: node for key, node in self.bound_to.items()},
+            deleted=sorted(key.split("/", 1)[1] for key in self.deleted + self.deleted_at_once),
+            annotated={key.split("/", 1)[1]: sorted(values) for key, values in self.annotated},
+            statuses={name: summary(status) for name, status in statuses.items()},
+            events=sorted((name, kind, reason) for name, kind, reason, _ in self.events),
+        )
+
+
+SET = "(set)"  # in an EndState: a field set to a time or a random id
+STATUS_FIELDS = ("phase", "replicas", "conditions", "preemptions", "roleSummary", "kvCache")
+VOLATILE = frozenset({"requestId", "requestedAt", "evictedAt", "resumedAt", "checkpointSeconds"})
+
+
+@dataclass(frozen=True)
+class EndState:
+    """What a controller's run left behind (:meth:`Recorder.end_state`), pods by name (all in
+    one namespace), compared whole in table-driven tests (Kueue's ``wantWorkloads``,
+    ``wantAssignments``, ``wantEvents``)."""
+
+    created: list[str] = field(default_factory=list)  # pods created, sorted
+    reserved: dict[str, tuple[str, str]] = field(default_factory=dict)  # pod → (node, cards)
+    reserved_again: list[str] = field(default_factory=list)  # pods reserved twice: never
+    bound: dict[str, str] = field(default_factory=dict)  # pod → the node of its Binding
+    deleted: list[str] = field(default_factory=list)  # pods deleted, sorted
+    annotated: dict[str, list[str]] = field(default_factory=dict)  # pod → annotation keys set
+    # object → the STATUS_FIELDS of its status, every patch merged; conditions as
+    # {type: "<status> <reason>"}, times and random ids as SET
+    statuses: dict[str, dict[str, Any]] = field(default_factory=dict)
+    events: list[tuple[str, str, str]] = field(default_factory=list)  # (object, type, reason)
+
+
+def compact(cards: str) -> str:
+    """``"0,1,2,3,6"`` → ``"0-3,6"``."""
+    runs: list[list[int]] = []
+    for card in sorted(labels.parse_cards(cards)):
+        if runs and card == runs[-1][-1] + 1:
+            runs[-1].append(card)
+        else:
+            runs.append([card])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
+def summary(status: Mapping[str, Any]) -> dict[str, Any]:
+    kept = {key: status[key] for key in STATUS_FIELDS if key in status}
+    if "conditions" in kept:
+        kept["conditions"] = {
+            c["type"]: f"{c['status']} {c['reason']}" for c in kept["conditions"] or []
+        }
+    if "preemptions" in kept:
+        kept["preemptions"] = [
+            {key: SET if key in VOLATILE and value else value for key, value in record.items()}
+            for record in kept["preemptions"]
+        ]
+    return kept

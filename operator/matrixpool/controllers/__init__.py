@@ -6,7 +6,8 @@ executor (:mod:`matrixpool.k8s.executor`) on what it read from the World
   when :mod:`~matrixpool.controllers.wake` rings), and owns every controller's memory;
 - :mod:`~matrixpool.controllers.scheduling`: which pods each workload wants, placement,
   preemption, the binding cycle, the workloads' status, KV-cache admission;
-- :mod:`~matrixpool.controllers.recovery`: detect faults, decide a level, carry it out;
+- :mod:`~matrixpool.controllers.recovery`: detect faults, decide a level, carry it out (one
+  module per step, entered by :mod:`~matrixpool.controllers.recovery.controller`);
 - :mod:`~matrixpool.controllers.timeshare`, :mod:`~matrixpool.controllers.autoscaler`,
   :mod:`~matrixpool.controllers.supernode` (status), :mod:`~matrixpool.controllers.lifecycle`
   (jobs that finished), :mod:`~matrixpool.controllers.cleanup` (orphaned checkpoints),

@@ -75,7 +75,8 @@ class Memory:
     services: dict[str, Service] = field(default_factory=dict)
     tasks: background.Tasks = field(default_factory=background.Tasks)
 
-    def forget(self, uid: str) -> None:
+    def forget(self, uid: str, key: str) -> None:
+        """Drop what is remembered of the service ``uid`` (kept by UID only, not by ``key``)."""
         gone = self.services.pop(uid, None)
         self.tasks.cancel(uid)
         for labels in gone.series if gone is not None else ():

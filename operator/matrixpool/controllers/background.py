@@ -5,8 +5,9 @@ next pass reads it. A daemon that answers slowly delays its own answer, not the 
 where a controller chooses to wait for the call, with a bound (:meth:`Tasks.settle`; recovery
 does for its heartbeats and polls).
 
-Used by :mod:`matrixpool.controllers.recovery` and :mod:`matrixpool.controllers.timeshare`; the
-tasks belong to their memory, which the main loop owns.
+Used by :mod:`matrixpool.controllers.recovery` (its :mod:`~matrixpool.controllers.recovery.memory`)
+and :mod:`matrixpool.controllers.timeshare`; the tasks belong to their memory, which the main
+loop owns.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The checkpoints of deleted TrainingJobs go with them.
 
-Daemons know a job by its UID (``matrixpool.k8s.daemons``). Two paths delete what they hold:
+Daemons know a job by its UID (``matrixpool.k8s.daemonclient``). Two paths delete what they hold:
 
 1. **On delete** (``deleted_job``): when the watch sees a TrainingJob go, every daemon is asked
    to drop the job's tiers 1 and 2, and tier 3 too when
@@ -26,7 +26,7 @@ import structlog
 
 from matrixpool import api, clock, metrics
 from matrixpool.api import trainingjob
-from matrixpool.k8s import daemonleases, daemons
+from matrixpool.k8s import daemonclient, daemonleases
 from matrixpool.placement import inventory
 from matrixpool.state.workloads import Workload
 
@@ -55,11 +55,11 @@ def orphans(held: set[str], live: set[str], seen_before: set[str]) -> tuple[set[
 
 
 async def sweep_once(sweeper: Sweeper, endpoints: list[str], live: set[str]) -> None:
-    held = await daemons.jobs_held(endpoints)
+    held = await daemonclient.jobs_held(endpoints)
     delete, remember = orphans(set(held), live, sweeper.orphans)
     sweeper.orphans = remember
     for job in sorted(delete):
-        done = await daemons.delete(job, held[job])
+        done = await daemonclient.delete(job, held[job])
         metrics.CHECKPOINTS_DELETED.labels("orphan").inc(len(done))
         log.info("deleted checkpoints of a job that no longer exists", job=job, daemons=done)
 
@@ -96,12 +96,12 @@ async def deleted_job(
     if not uid:
         return
     endpoints = sorted({a.endpoint for store in daemon_leases.values() for a in store})
-    done = await daemons.delete(uid, endpoints)
+    done = await daemonclient.delete(uid, endpoints)
     metrics.CHECKPOINTS_DELETED.labels("deleted").inc(len(done))
     persistent = ((body.get("spec") or {}).get("checkpoint") or {}).get("persistent") or {}
     reclaimed = False
     if persistent.get("reclaimPolicy") == trainingjob.ReclaimPolicy.DELETE.value:
-        reclaimed = await asyncio.to_thread(daemons.delete_persistent, uid, persistent["uri"])
+        reclaimed = await asyncio.to_thread(daemonclient.delete_persistent, uid, persistent["uri"])
     log.info(
         "deleted the checkpoints of a deleted job",
         job=f"{namespace}/{name}",

@@ -20,7 +20,7 @@ import structlog
 
 from matrixpool import api
 from matrixpool.api import inferenceservice, trainingjob
-from matrixpool.k8s import daemons, secrets
+from matrixpool.k8s import daemonclient, secrets
 
 log = structlog.get_logger(__name__)
 
@@ -35,7 +35,7 @@ def _unwritten(type: str | None, memo: kopf.Memo, **_: Any) -> bool:
 async def job_credential(
     uid: str, name: str, namespace: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any
 ) -> None:
-    await _write(daemons.job_token_for(uid), secrets.JOB, uid, name, namespace, body, memo)
+    await _write(daemonclient.job_token_for(uid), secrets.JOB, uid, name, namespace, body, memo)
 
 
 def _unwritten_kv(type: str | None, memo: kopf.Memo, spec: kopf.Spec, **_: Any) -> bool:
@@ -46,7 +46,7 @@ def _unwritten_kv(type: str | None, memo: kopf.Memo, spec: kopf.Spec, **_: Any) 
 async def service_credential(
     uid: str, name: str, namespace: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any
 ) -> None:
-    token = daemons.service_token_for(uid)
+    token = daemonclient.service_token_for(uid)
     await _write(token, secrets.SERVICE, uid, name, namespace, body, memo)
 
 

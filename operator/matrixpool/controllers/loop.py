@@ -18,7 +18,7 @@ import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import kopf
 import structlog
@@ -27,15 +27,17 @@ from matrixpool import clock
 from matrixpool.controllers import (
     autoscaler,
     cleanup,
-    kvquotas,
+    daemons,
     lifecycle,
-    peers,
-    recovery,
     supernode,
     timeshare,
     wake,
 )
+from matrixpool.controllers.recovery import controller as recovery
+from matrixpool.controllers.recovery import heartbeat
+from matrixpool.controllers.recovery import memory as recovery_memory
 from matrixpool.controllers.scheduling import cycle as scheduler
+from matrixpool.controllers.scheduling import cyclestate
 from matrixpool.k8s import anchor, daemonleases, executor
 from matrixpool.k8s import client as k8s_client
 from matrixpool.k8s.convert import PodFacts
@@ -102,7 +104,7 @@ async def main_loop(
     **_: Any,
 ) -> None:
     log.info("main loop started", namespace=namespace())
-    alarm = wake.of(memo) or wake.Wake()  # rung by workload and pod events (handlers.wake)
+    alarm = wake.of(memo) or wake.Wake()  # rung by workload and pod events (controllers.wake)
     state = Controllers()
     lagged = Lagged(float(os.environ.get(LAG_VARIABLE) or 0))
 
@@ -113,7 +115,7 @@ async def main_loop(
         workloads take ~10 ms at 32 supernodes)."""
         now = clock.SYSTEM.monotonic()
         announced = _first(daemon_leases)
-        silent = state.daemons.observe(
+        silent = state.heartbeats.observe(
             {n: (a.renewed, a.duration) for n, a in announced.items()}, now
         )
         return Copied(
@@ -163,7 +165,7 @@ async def main_loop(
             if not binding.done():
                 continue
             alarm.ring()
-        if state.cycle.deferred:  # gangs left for the next cycle (scheduler.PODS_PER_CYCLE)
+        if state.cycle.deferred:  # gangs left for the next cycle (placement.PODS_PER_CYCLE)
             alarm.ring()
         await alarm.sleep(CYCLE_SECONDS)  # or less: a new job need not wait for the tick
     await scheduler.settle(state.cycle)  # stopping: let the last bindings be written
@@ -201,27 +203,31 @@ async def report(state: Controllers, read: Callable[[], world.World]) -> None:
     """6 and 7 of a pass: the SuperNodes' status, the daemons' tier-1 peers and KV quotas."""
     act = state.act
     await supernode.report(read(), state.reported, act, state.sharing.transition_status)
-    peers.run(read(), state.peering, act, state.started)
-    kvquotas.run(read(), state.cycle.kv, state.kv_quotas, act, state.started)
+    daemons.run(read(), state.cycle.kv, state.told, act, state.started)
+
+
+class Forgets(Protocol):
+    """A memory kept by workload UID (and name, for what is keyed by gang)."""
+
+    def forget(self, uid: str, key: str) -> None: ...
 
 
 @dataclass
 class Controllers:
     """Everything the controllers remember between passes. One instance per running loop,
-    owned by it (``handlers/`` keeps no module-level state); workloads are known by UID, and
+    owned by it (``controllers/`` keeps no module-level state); workloads are known by UID, and
     what is known of one is dropped when it goes or its name passes to a new object."""
 
     decisions: decided.Decisions = field(default_factory=decided.Decisions)
     assumed: assuming.Assumed = field(default_factory=assuming.Assumed)
     shares: decided.Shares = field(default_factory=decided.Shares)  # time-sharing's, last pass
-    cycle: scheduler.Memory = field(default_factory=scheduler.Memory)
-    recoveries: recovery.State = field(default_factory=recovery.State)
+    cycle: cyclestate.Memory = field(default_factory=cyclestate.Memory)
+    recoveries: recovery_memory.State = field(default_factory=recovery_memory.State)
     sharing: timeshare.Memory = field(default_factory=timeshare.Memory)
-    leases: recovery.LeaseClock = field(default_factory=recovery.LeaseClock)  # kubelets'
-    daemons: recovery.LeaseClock = field(default_factory=recovery.LeaseClock)  # ckpt daemons'
+    leases: heartbeat.LeaseClock = field(default_factory=heartbeat.LeaseClock)  # kubelets'
+    heartbeats: heartbeat.LeaseClock = field(default_factory=heartbeat.LeaseClock)  # ckpt daemons'
     started: dict[str, float] = field(default_factory=dict)  # node → when its daemon started
-    peering: peers.Memory = field(default_factory=peers.Memory)  # tier-1 peers told
-    kv_quotas: kvquotas.Memory = field(default_factory=kvquotas.Memory)  # KV quotas told
+    told: daemons.Memory = field(default_factory=daemons.Memory)  # tier-1 peers, KV quotas
     sweeper: cleanup.Sweeper = field(default_factory=cleanup.Sweeper)
     reported: dict[str, dict[str, Any]] = field(default_factory=dict)  # SuperNode → status
     identities: dict[str, str] = field(default_factory=dict)  # workload key → its UID
@@ -229,6 +235,15 @@ class Controllers:
     derived: world.Derived = field(default_factory=world.Derived)  # members, topologies
     autoscaling: autoscaler.Memory = field(default_factory=autoscaler.Memory)  # per service
     unreported: bool = False  # a binding cycle started and the status is not written since
+
+    def forget(self, uid: str, key: str) -> None:
+        """Drop the workload ``uid`` (named ``key``) from every memory kept by workload."""
+        for memory in self.by_workload():
+            memory.forget(uid, key)
+
+    def by_workload(self) -> tuple[Forgets, ...]:
+        """Every memory that keeps something per workload: each forgets one that went."""
+        return (self.decisions, self.cycle, self.recoveries, self.sharing, self.autoscaling)
 
     def binding(self) -> bool:
         """Whether the last scheduling cycle's binding cycle is still writing."""
@@ -243,11 +258,7 @@ class Controllers:
         for key, uid in self.identities.items():
             if now.get(key) != uid:
                 log.info("forgetting a workload that went or was replaced", key=key, uid=uid)
-                self.decisions.forget(uid)
-                self.cycle.forget(uid, key)
-                self.recoveries.forget(uid)
-                self.sharing.forget(uid, key)
-                self.autoscaling.forget(uid)
+                self.forget(uid, key)
         self.identities = now
 
 

@@ -1,4 +1,4 @@
-"""SuperNode handlers: pool the cards of the member Nodes and keep ``status`` current.
+"""The SuperNode status: pool the cards of the member Nodes and keep ``status`` current.
 
 kopf indexes hold the facts (Nodes, card-holding Pods, every SuperNode); the operator's main loop
 (:mod:`matrixpool.controllers.loop`) calls :func:`report` every cycle, which recomputes each status

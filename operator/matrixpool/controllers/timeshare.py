@@ -53,7 +53,7 @@ import structlog
 from matrixpool import clock, metrics
 from matrixpool.api import common, inferenceservice, labels, supernode, trainingjob
 from matrixpool.controllers import background
-from matrixpool.k8s import convert, daemons, executor
+from matrixpool.k8s import convert, daemonclient, executor
 from matrixpool.placement import gangs, inventory
 from matrixpool.state import decisions as decided
 from matrixpool.state import world as read_model
@@ -297,7 +297,7 @@ class Sharing:
 
     async def committed(
         self, job: Workload, world_size: int, nodes: set[str] | None = None, *, whole: bool = False
-    ) -> tuple[int | None, daemons.Inventory]:
+    ) -> tuple[int | None, daemonclient.Inventory]:
         """Newest step committed for every rank on any tier, and the inventory it came from.
 
         ``whole``: every daemon of the SuperNode and the persistent URI (for a resume); else

@@ -8,7 +8,7 @@ server certificate, and the webhook configurations point at that URL (no Service
 
 The pure parts — the manager's Configuration, the rewritten webhooks and the queue objects (a
 Topology supernode → rack → hostname, one ResourceFlavor, one ClusterQueue holding every card)
-— are functions of their inputs, tested without a cluster (tests/unit/test_kueue.py).
+— are functions of their inputs, tested without a cluster (tests/unit/devcluster/test_kueue.py).
 """
 
 from __future__ import annotations

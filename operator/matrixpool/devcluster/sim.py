@@ -5,7 +5,7 @@ For every simulated node (of the chosen supernodes) it runs one real checkpoint 
 its own, given when ``cluster up`` created the node), as the chart's host-network DaemonSet
 would, and announces it with a Lease in the operator's namespace, as the chart's ``matrixpool
 announce`` does (:mod:`matrixpool.k8s.daemonleases`); the operator tells the daemons their
-tier-1 peers (:mod:`matrixpool.controllers.peers`).
+tier-1 peers (:mod:`matrixpool.controllers.daemons`).
 
 It is the **process kubelet** of those nodes: every pod bound to one of them whose containers'
 image is the matrixpool image (``--image``, any registry and tag) runs as processes on this

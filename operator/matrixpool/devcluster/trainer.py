@@ -10,7 +10,7 @@ may also set ``MATRIXPOOL_SIM_STEP_SECONDS`` (compute per step, default 0.5),
 
 What it does, as a real trainer would:
 1. At start it restores what the pod says (annotation ``matrixpool.dev/restore`` in its
-   annotations file; see :mod:`matrixpool.k8s.daemons`), else starts at step 0; a
+   annotations file; see :mod:`matrixpool.k8s.daemonclient`), else starts at step 0; a
    restore that says ``fresh`` (the job had no checkpoint yet) starts at step 0 as the new
    incarnation, reading nothing.
 2. It advances one step every ``MATRIXPOOL_SIM_STEP_SECONDS`` and checkpoints as the job's spec

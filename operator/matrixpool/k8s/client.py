@@ -1,6 +1,6 @@
 """Kubernetes API clients, built once per process from a kubeconfig or the in-cluster config.
 
-Every module that talks to the API gets its clients here (handlers through
+Every module that talks to the API gets its clients here (controllers through
 :func:`default_api`, the local dev cluster through :func:`from_kubeconfig`), so connection
 settings — pool size, timeouts, QPS — live in one place.
 """

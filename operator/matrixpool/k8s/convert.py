@@ -1,5 +1,5 @@
 """Conversions from raw API objects (dicts as kopf delivers them) to the pure records of
-:mod:`matrixpool.placement.inventory`. Called by the handlers' indexes.
+:mod:`matrixpool.placement.inventory`. Called by the kopf indexes (:mod:`matrixpool.state.indexes`).
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ namespace); ``matrixpool sim`` announces its daemons with the same :func:`announ
 
 The operator indexes these Leases (:func:`parse`): they are where it learns each node's daemon
 endpoint, and a Lease not renewed for three quarters of its duration (measured on the
-operator's own clock, ``handlers.recovery.LeaseClock``) counts as a silent daemon. Nobody else
-writes them: a renewal only moves ``renewTime``; the endpoint is written when the Lease is
+operator's own clock, ``controllers.recovery.heartbeat``) counts as a silent daemon. Nobody
+else writes them: a renewal only moves ``renewTime``; the endpoint is written when the Lease is
 created and on an announcer's first renewal (a restarted daemon may serve elsewhere). A Lease
 whose node is gone is ignored (no owner reference: that would need read access to Nodes).
 

@@ -1,14 +1,15 @@
 """The one executor: every action the controllers take on the cluster and every question they
 ask the checkpoint daemons goes through an :class:`Executor`.
 
-The controllers in :mod:`matrixpool.handlers` decide from the read model
+The controllers in :mod:`matrixpool.controllers` decide from the World
 (:mod:`matrixpool.state.world`) and hand what they decided to the executor they were given:
 create, reserve, bind, annotate and delete pods, patch a status, apply a ConfigMap, record an
 Event, ask the daemons for an inventory, a heartbeat or a pin, or tell them their peers. The
 main loop gives them :class:`Live`, which calls the API server (:mod:`matrixpool.k8s.pods`,
 :mod:`matrixpool.k8s.status`, :mod:`matrixpool.k8s.configmaps`, ``kopf.event``) and the
-daemons (:mod:`matrixpool.k8s.daemons`). Unit tests give them a recorder instead and assert the
-actions a world leads to, with no API server and no daemon (``tests/unit/test_plans.py``).
+daemons (:mod:`matrixpool.k8s.daemonclient`). Unit tests give them a recorder instead and assert
+the actions a world leads to, with no API server and no daemon
+(``tests/unit/controllers/test_plans.py``).
 
 :meth:`Executor.reserve` and :meth:`Executor.bind` answer one outcome per pod (``None``: done;
 else the error), so the caller knows exactly what was written.
@@ -21,7 +22,7 @@ from typing import Any, Protocol, cast
 
 import kopf
 
-from matrixpool.k8s import configmaps, convert, daemons, pods
+from matrixpool.k8s import configmaps, convert, daemonclient, pods
 from matrixpool.k8s import scrape as metrics_scrape
 from matrixpool.k8s import status as k8s_status
 
@@ -90,7 +91,7 @@ class Executor(Protocol):
 
     async def inventory(
         self, job: str, endpoints: Mapping[str, str], persistent_uri: str | None = None
-    ) -> daemons.Inventory:
+    ) -> daemonclient.Inventory:
         """What the daemons (node -> host:port) and the tier-3 store hold of ``job``."""
         ...
 
@@ -163,20 +164,20 @@ class Live:
 
     async def inventory(
         self, job: str, endpoints: Mapping[str, str], persistent_uri: str | None = None
-    ) -> daemons.Inventory:
-        return await daemons.inventory(job, endpoints, persistent_uri)
+    ) -> daemonclient.Inventory:
+        return await daemonclient.inventory(job, endpoints, persistent_uri)
 
     async def probe(self, endpoints: Mapping[str, str]) -> dict[str, bool]:
-        return await daemons.probe(endpoints)
+        return await daemonclient.probe(endpoints)
 
     async def pin(self, job: str, endpoints: Iterable[str], step: int | None) -> list[str]:
-        return await daemons.pin(job, endpoints, step)
+        return await daemonclient.pin(job, endpoints, step)
 
     async def set_peers(self, endpoint: str, peers: list[str]) -> bool:
-        return await daemons.set_peers(endpoint, peers)
+        return await daemonclient.set_peers(endpoint, peers)
 
     async def set_kv_quotas(self, endpoint: str, quotas: Mapping[str, int]) -> bool:
-        return await daemons.set_kv_quotas(endpoint, quotas)
+        return await daemonclient.set_kv_quotas(endpoint, quotas)
 
 
 def facts_of(pod: Mapping[str, Any]) -> convert.PodFacts | None:

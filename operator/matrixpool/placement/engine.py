@@ -1,6 +1,6 @@
 """The placement engine: where a whole gang goes, or why it cannot go anywhere now.
 
-Pure (no kopf, no Kubernetes client). The scheduler cycle (``matrixpool.handlers``) builds a
+Pure (no kopf, no Kubernetes client). The scheduler cycle (``matrixpool.controllers``) builds a
 :class:`Snapshot` of the cycle, then for each pending gang, highest priority first:
 :func:`check_servable` (specs that can never be served), :func:`place` and, on success,
 ``snapshot.commit(placement)``; when a gang does not fit, :func:`preempt` says which lower

@@ -1,6 +1,6 @@
 """The vocabulary of gang placement: the static topology, the requests, and the answers.
 
-Pure (no kopf, no Kubernetes client). The controllers (``matrixpool.handlers``) build a
+Pure (no kopf, no Kubernetes client). The controllers (``matrixpool.controllers``) build a
 :class:`Topology` from SuperNodes and Nodes, a snapshot of what is held from bound Pods, and
 :class:`GangRequest` objects from TrainingJobs and InferenceServices; the engine
 (:mod:`matrixpool.placement.engine`) answers with a :class:`Placement`, a :class:`Preemption`

@@ -42,7 +42,7 @@ then serves both phases (aggregated: its replicas split their time between the t
    The cut is by whole levels of the wanted replicas, then single replicas fill what a level
    leaves, the role furthest below its share first.
 
-Properties (tests/unit/test_serving_estimator.py): more load never yields fewer replicas
+Properties (tests/unit/serving/test_estimator.py): more load never yields fewer replicas
 (phases 1-4 are monotone in every factor); under a card limit, the role whose need grew never
 gets fewer (the other may: the cut is shared in proportion, and neither the other role nor the
 total cards are monotone there); every role stays within its bounds; the cards never exceed the

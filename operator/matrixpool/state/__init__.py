@@ -12,6 +12,6 @@
 
 What may be written here: types and pure reads of memory. Nothing here calls the API server or
 a daemon, imports a controller or keeps module-level state (import-linter contracts in
-pyproject.toml; ``tests/unit/test_identity.py``). A controller writes only through the
+pyproject.toml; ``tests/unit/controllers/test_identity.py``). A controller writes only through the
 executor (:mod:`matrixpool.k8s.executor`) and the Decisions the loop owns.
 """

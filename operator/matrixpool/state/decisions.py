@@ -51,8 +51,8 @@ class RecoveryPlan:
 
     It is ``status.recovering`` read into its type, written before the first pod is touched,
     so an operator killed halfway reads the same plan back and finishes it, once. Recovery
-    writes it (:mod:`matrixpool.controllers.recovery`); the scheduling cycle creates a moved
-    rank's new pod reserved on :meth:`target` and tells every new pod what to restore
+    writes it (:mod:`matrixpool.controllers.recovery.decide`); the scheduling cycle creates a
+    moved rank's new pod reserved on :meth:`target` and tells every new pod what to restore
     (:meth:`restore_for`); the World pins the targets' cards until those pods exist."""
 
     status: trainingjob.RecoveryInProgress  # status.recovering, as written
@@ -131,7 +131,8 @@ class Decisions:
     # when every rank's pod had Succeeded (status.completionTime until the API shows it)
     succeeded: dict[str, datetime.datetime] = field(default_factory=dict)
 
-    def forget(self, uid: str) -> None:
+    def forget(self, uid: str, key: str) -> None:
+        """Drop what was decided for the workload ``uid`` (kept by UID only, not by ``key``)."""
         for remembered in (
             self.recovering,
             self.failed,

@@ -5,7 +5,7 @@
 - :mod:`~matrixpool.timeshare.split`: the target split of the pool's cards between inference
   and training in a window.
 
-The time-sharing transitions in ``matrixpool.handlers`` call both, with instants from
+The time-sharing controller (:mod:`matrixpool.controllers.timeshare`) calls both, with instants from
 :mod:`matrixpool.clock`.
 
 Errors (broken inputs the CRD rules normally exclude)::

@@ -1,6 +1,6 @@
 """The target split of a SuperNode's cards between inference and training in one window.
 
-Called by the time-sharing transitions (``matrixpool.handlers``) at every window boundary and
+Called by the time-sharing transitions (``matrixpool.controllers``) at every window boundary and
 whenever capacity or workloads change; they then shrink, checkpoint, evict and scale toward the
 returned :class:`Split`. Pure: it counts cards and does not place them, so placement may still
 find a budget that the topology cannot hold.

@@ -1,4 +1,4 @@
-"""The inference autoscaler's controller (handlers.autoscaler) with a recording executor: it
+"""The inference autoscaler's controller (controllers.autoscaler) with a recording executor: it
 reads the ready pods' /metrics in the background, turns two readings into a recommendation
 inside the person's ranges, writes status.recommendation with an Event (Scaled in Auto mode,
 Recommended in Advisory mode), and writes nothing without rates or without answers."""
@@ -212,7 +212,7 @@ def test_forgetting_a_service_drops_its_readings() -> None:
             {"targets": {"ttftMilliseconds": 1000, "tpotMilliseconds": 50}}
         )
     ))  # fmt: skip
-    memory.forget("uid-chat")
+    memory.forget("uid-chat", "ns/chat")
     assert memory.services == {}
 
 
@@ -252,5 +252,5 @@ async def test_the_recommendation_is_a_metric_series_per_role_dropped_when_the_s
         "matrixpool_autoscaler_changes_total", {"mode": "Auto", "direction": "up"}
     )
     assert (after or 0) == (ups or 0) + 1  # prefill 2 → 8, decode 1 → at least 1: up
-    memory.forget("uid-chat")
+    memory.forget("uid-chat", "ns/chat")
     assert replicas("prefill") is None

@@ -1,4 +1,4 @@
-"""handlers.credentials: a job's Secret is written once per job, and tried again on the job's
+"""controllers.credentials: a job's Secret is written once per job, and tried again on the job's
 next event when writing failed."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def test_written_once_and_tried_again_after_a_failure(monkeypatch: pytest.Monkey
             raise RuntimeError("the API server is away")
         return True
 
-    monkeypatch.setattr(credentials.daemons, "job_token_for", lambda uid: f"token-{uid}")
+    monkeypatch.setattr(credentials.daemonclient, "job_token_for", lambda uid: f"token-{uid}")
     monkeypatch.setattr(credentials.secrets, "ensure", ensure)
     memo = kopf.Memo()
     assert credentials._unwritten(type=None, memo=memo), "the first listing writes too"
@@ -48,7 +48,7 @@ def test_written_once_and_tried_again_after_a_failure(monkeypatch: pytest.Monkey
 def test_without_the_cluster_secret_there_is_nothing_to_write(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(credentials.daemons, "job_token_for", lambda uid: None)
+    monkeypatch.setattr(credentials.daemonclient, "job_token_for", lambda uid: None)
     memo = kopf.Memo()
     call(memo)
     assert not credentials._unwritten(type="MODIFIED", memo=memo)
@@ -63,7 +63,7 @@ def test_a_service_with_a_kv_cache_gets_its_service_token_and_one_without_gets_n
         written.append((uid, token, component))
         return True
 
-    monkeypatch.setattr(credentials.daemons, "service_token_for", lambda uid: f"svc-{uid}")
+    monkeypatch.setattr(credentials.daemonclient, "service_token_for", lambda uid: f"svc-{uid}")
     monkeypatch.setattr(credentials.secrets, "ensure", ensure)
     memo = kopf.Memo()
     assert not credentials._unwritten_kv(type=None, memo=memo, spec=kopf.Spec({}))

@@ -9,7 +9,7 @@ import datetime
 import pytest
 
 from matrixpool.controllers import cleanup, loop
-from matrixpool.k8s import daemons
+from matrixpool.k8s import daemonclient
 from matrixpool.state.workloads import Workload
 from matrixpool_recovery import manifest
 from matrixpool_recovery import restore as restore_codec
@@ -40,13 +40,13 @@ def test_a_bad_incarnation_is_refused(bad: str) -> None:
 
 
 def test_a_new_incarnation_is_above_every_one_the_shards_carry() -> None:
-    past = daemons.Inventory((held(1, 10**15),))
+    past = daemonclient.Inventory((held(1, 10**15),))
     assert past.new_incarnation(NOW) == 10**15 + 1
-    assert daemons.Inventory().new_incarnation(NOW) == int(NOW.timestamp() * 1000)
+    assert daemonclient.Inventory().new_incarnation(NOW) == int(NOW.timestamp() * 1000)
 
 
 def test_the_inventory_names_the_run_that_wrote_a_step_on_the_newest_timeline() -> None:
-    found = daemons.Inventory((held(5, 1), held(3, 2), held(3, 1, rank=1)))
+    found = daemonclient.Inventory((held(5, 1), held(3, 2), held(3, 1, rank=1)))
     assert found.incarnation_of(3) == 2
     assert found.incarnation_of(5) is None  # past run 2's start: abandoned
     assert found.incarnation_of(9) is None

@@ -18,9 +18,13 @@ import pytest
 
 from matrixpool import clock
 from matrixpool.api import crdgen, labels, trainingjob
-from matrixpool.controllers import lifecycle, recovery, timeshare
+from matrixpool.controllers import lifecycle, timeshare
+from matrixpool.controllers.recovery import carry_out, detect
+from matrixpool.controllers.recovery import controller as recovery
+from matrixpool.controllers.recovery import memory as recovery_memory
 from matrixpool.controllers.scheduling import cycle as scheduler
-from matrixpool.k8s import daemons
+from matrixpool.controllers.scheduling import cyclestate
+from matrixpool.k8s import daemonclient
 from matrixpool.state import assumed as assuming
 from matrixpool.state import world
 from matrixpool_recovery import restore as restore_codec
@@ -36,11 +40,11 @@ def finished(name: str, ranks: int, first_node: int = 0) -> list[Any]:
 
 
 def cycle(seen: world.World, executor: Recorder) -> None:
-    asyncio.run(scheduler.Cycle(seen, scheduler.Memory(), assuming.Assumed(), executor).run())
+    asyncio.run(scheduler.Cycle(seen, cyclestate.Memory(), assuming.Assumed(), executor).run())
 
 
 def recover(seen: world.World, executor: Recorder) -> None:
-    asyncio.run(recovery.run(seen, recovery.State(), executor))
+    asyncio.run(recovery.run(seen, recovery_memory.State(), executor))
 
 
 def done_status(**extra: Any) -> dict[str, Any]:
@@ -119,7 +123,7 @@ def test_ranks_that_finished_restart_too_when_another_fails() -> None:
     pods = running("a", 3)
     pods[0] = dataclasses.replace(pods[0], phase="Succeeded")
     pods[2] = dataclasses.replace(pods[2], phase="Failed")
-    faults = recovery.detect(3, pods, {n.name: n for n in fixed_world({}, []).nodes}, ())
+    faults = detect.detect(3, pods, {n.name: n for n in fixed_world({}, []).nodes}, ())
     assert {r for f in faults for r in f.ranks} == {0, 2}
 
 
@@ -194,7 +198,7 @@ def test_a_failed_pod_of_a_job_with_no_checkpoint_restarts_in_place_from_step_0(
     assert reloaded == "ns/a-0", "the rank still running starts over too"
     assert restore_codec.parse_restore(annotations[labels.RESTORE]) == told
     (_, _, _, message) = next(e for e in executor.events if e[2] == "Recovering")
-    assert recovery.FRESH in message
+    assert carry_out.FRESH in message
 
 
 def test_the_new_pod_of_a_restart_from_step_0_is_told_to_start_fresh() -> None:
@@ -234,7 +238,7 @@ def test_a_restart_from_step_0_is_recorded_as_such() -> None:
     assert "restoredStep" not in entry
     trainingjob.parse_status(written)
     (_, _, _, message) = next(e for e in executor.events if e[2] == "Recovered")
-    assert recovery.FRESH in message
+    assert carry_out.FRESH in message
 
 
 def test_a_job_whose_committed_step_is_lost_everywhere_still_fails() -> None:
@@ -251,7 +255,7 @@ def test_a_job_whose_committed_step_is_lost_everywhere_still_fails() -> None:
 def test_a_job_with_shards_but_no_common_step_still_fails() -> None:
     executor = Recorder()
     a = job("a", 2, checkpoint=True)
-    executor.inventories["uid-a"] = daemons.Inventory((held("uid-a", 2, 0, "n0"),))
+    executor.inventories["uid-a"] = daemonclient.Inventory((held("uid-a", 2, 0, "n0"),))
     pods = running("a", 2)
     pods[1] = dataclasses.replace(pods[1], phase="Failed")
     seen = fixed_world(index(*pods), [a])

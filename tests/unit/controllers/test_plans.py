@@ -16,10 +16,14 @@ import kubernetes
 import pytest
 
 from matrixpool.api import inferenceservice, labels
-from matrixpool.controllers import peers, recovery, timeshare
+from matrixpool.controllers import daemons, timeshare
+from matrixpool.controllers.recovery import controller as recovery
+from matrixpool.controllers.recovery import detect
+from matrixpool.controllers.recovery import memory as recovery_memory
 from matrixpool.controllers.scheduling import cycle as scheduler
+from matrixpool.controllers.scheduling import cyclestate, placement, preemption
 from matrixpool.k8s import client as k8s_client
-from matrixpool.k8s import daemons, pods
+from matrixpool.k8s import daemonclient, pods
 from matrixpool.state import assumed as assuming
 from matrixpool.state import decisions as decided
 from matrixpool.state import world
@@ -29,52 +33,19 @@ from tests.unit.recorder import Recorder
 from tests.unit.worlds import endpoint, fixed_world, held, index, job, pod, running
 
 # ---- the scheduling cycle --------------------------------------------------------------------
+# (the cases of one run, world in → end state out: tests/unit/controllers/scheduling/test_cycle.py)
 
 
-def cycle(seen: world.World, executor: Recorder, memory: scheduler.Memory | None = None) -> None:
+def cycle(seen: world.World, executor: Recorder, memory: cyclestate.Memory | None = None) -> None:
     asyncio.run(
-        scheduler.Cycle(seen, memory or scheduler.Memory(), assuming.Assumed(), executor).run()
+        scheduler.Cycle(seen, memory or cyclestate.Memory(), assuming.Assumed(), executor).run()
     )
-
-
-def test_the_cycle_creates_the_pods_a_new_job_wants_and_deletes_surplus_ones() -> None:
-    executor = Recorder()
-    a = job("a", 2)
-    cycle(fixed_world(index(pod("a-2", "x2")), [a]), executor)
-    created = sorted(m["metadata"]["name"] for m in executor.created)
-    assert created == ["a-0", "a-1"]
-    assert executor.deleted == ["ns/a-2"], "rank 2 is beyond spec.replicas"
-    (first,) = [m for m in executor.created if m["metadata"]["name"] == "a-0"]
-    assert first["metadata"]["labels"][labels.RANK] == "0"
-
-
-def test_the_cycle_reserves_then_binds_a_whole_gang_on_distinct_cards_and_reports_it() -> None:
-    executor = Recorder()
-    a = job("a", 3)
-    cycle(fixed_world(index(*(pod(f"a-{r}", f"u{r}") for r in range(3))), [a]), executor)
-    nodes = [node for _, _, node, _ in executor.reserved]
-    assert len(nodes) == len(set(nodes)) == 3, f"one node per rank: {executor.reserved}"
-    assert set(executor.bound_to) == {"ns/a-0", "ns/a-1", "ns/a-2"}
-    assert all(executor.bound_to[f"ns/{name}"] == node for _, name, node, _ in executor.reserved)
-    (replicas,) = executor.status_of("a", "replicas")[-1:]
-    assert replicas["bound"] == 3, replicas
-
-
-def test_a_new_gang_is_placed_then_created_reserved_and_bound_in_one_cycle() -> None:
-    executor = Recorder()
-    cycle(fixed_world({}, [job("a", 3)]), executor)
-    notes = {m["metadata"]["name"]: m["metadata"]["annotations"] for m in executor.created}
-    assert sorted(notes) == ["a-0", "a-1", "a-2"]
-    for name, annotation in notes.items():
-        assert executor.bound_to[f"ns/{name}"] == annotation[pods.NODE_ANNOTATION]
-        assert len(annotation[labels.CARDS].split(",")) == 8, annotation
-    assert len(set(executor.bound_to.values())) == 3, "one node per rank"
 
 
 def test_pods_created_reserved_hold_their_cards_while_the_index_does_not_show_them() -> None:
     executor = Recorder()
     assumed = assuming.Assumed()
-    memory = scheduler.Memory()
+    memory = cyclestate.Memory()
     first, second = job("first", 2), job("second", 2)
     asyncio.run(
         scheduler.Cycle(fixed_world(assumed.view({}), [first]), memory, assumed, executor).run()
@@ -87,22 +58,6 @@ def test_pods_created_reserved_hold_their_cards_while_the_index_does_not_show_th
     held = [(node, cards) for _, _, node, cards in executor.reserved]
     assert len(held) == len(set(held)) == 4, f"a card reserved twice: {held}"
     assert len([m for m in executor.created if m["metadata"]["name"].startswith("first")]) == 2
-
-
-def test_a_resuming_job_gets_its_pods_first_and_is_placed_once_time_sharing_told_them() -> None:
-    """Time-sharing annotates a resumed job's new pods with what to restore before they are
-    bound (its own pass, next loop): the cycle creates them unreserved and binds nothing."""
-    executor = Recorder()
-    seen = fixed_world({}, [job("a", 2)])
-    seen.shares.resuming.add("ns/a")
-    cycle(seen, executor)
-    assert sorted(m["metadata"]["name"] for m in executor.created) == ["a-0", "a-1"]
-    assert all(
-        pods.NODE_ANNOTATION not in (m["metadata"].get("annotations") or {})
-        for m in executor.created
-    )
-    assert executor.reserved == []
-    assert executor.bound_to == {}
 
 
 def test_a_new_gang_whose_pod_name_is_taken_is_not_bound() -> None:
@@ -119,26 +74,14 @@ def test_a_new_gang_whose_pod_name_is_taken_is_not_bound() -> None:
     assert executor.bound_to == {}, "a gang with a pod of unknown state waits for the index"
 
 
-def test_a_gang_that_cannot_fit_waits_whole_with_a_reason_and_an_event() -> None:
-    executor = Recorder()
-    big = job("big", 5)  # 5 nodes of 8 cards; the SuperNode has 4
-    cycle(fixed_world(index(*(pod(f"big-{r}", f"u{r}") for r in range(5))), [big]), executor)
-    assert executor.reserved == [], "nothing of the gang is placed"
-    assert executor.bound_to == {}
-    (conditions,) = executor.status_of("big", "conditions")[-1:]
-    scheduled = next(c for c in conditions if c["type"] == "Scheduled")
-    assert scheduled["status"] == "False"
-    assert scheduled["reason"] in executor.reasons("big"), executor.events
-
-
 def test_a_cycle_binds_at_most_its_pods_and_leaves_the_other_gangs_to_the_next(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """PODS_PER_CYCLE: the gangs past it are neither placed nor given waiting pods nor a
     reason; the memory says more is left, and the next cycle places them, in order."""
-    monkeypatch.setattr(scheduler, "PODS_PER_CYCLE", 3)
+    monkeypatch.setattr(placement, "PODS_PER_CYCLE", 3)
     jobs = [job("a", 2), job("b", 2), job("c", 2), job("d", 1)]
-    memory, executor = scheduler.Memory(), Recorder()
+    memory, executor = cyclestate.Memory(), Recorder()
     cycle(fixed_world({}, jobs, nodes=8), executor, memory)
     assert sorted(executor.bound_to) == ["ns/a-0", "ns/a-1", "ns/b-0", "ns/b-1"], "b still goes"
     assert sorted(m["metadata"]["name"] for m in executor.created) == ["a-0", "a-1", "b-0", "b-1"]
@@ -198,86 +141,25 @@ def test_a_create_refused_because_the_namespace_goes_is_no_rbac_refusal() -> Non
     assert k8s_client.forbidden(kubernetes.client.ApiException(status=409)) is None
 
 
-def test_a_higher_priority_gang_preempts_one_without_checkpoints_at_once() -> None:
-    executor = Recorder()
-    low = job("low", 2, priority=10)
-    high = job("high", 4, priority=500)
-    facts = index(*running("low", 2), *(pod(f"high-{r}", f"h{r}") for r in range(4)))
-    memory = scheduler.Memory()
-    cycle(fixed_world(facts, [low, high]), executor, memory)
-    assert sorted(executor.deleted) == ["ns/low-0", "ns/low-1"], "no checkpoint to wait for"
-    preempted = [c for c in executor.status_of("low", "conditions")[-1] if c["type"] == "Preempted"]
-    assert preempted
-    assert preempted[0]["status"] == "True"
-    assert "Preempted" in executor.reasons("low")
-    (record,) = executor.status_of("low", "preemptions")[-1]
-    assert (record["by"], record["priority"]) == ("ns/high", 500)
-    assert record["checkpoint"] == "NotAsked"
-    assert "replicasKept" not in record, "evicted whole"
-
-
-def test_the_cards_a_waiting_preemptor_needs_go_to_no_lower_priority_meanwhile() -> None:
-    """Its victims' pods are going (n0, n1); n2 and n3 are free: a lower priority placed after
-    it in the cycle must not take them, or the preemptor still does not fit once n0 and n1
-    are free and preempts again, round after round (the stress test saw it)."""
-    executor = Recorder()
-    high, mid, low = job("high", 4, priority=500), job("mid", 2, priority=50), job("low", 2)
-    facts = index(
-        *running("low", 2, deleting=True),
-        *(pod(f"high-{r}", f"h{r}") for r in range(4)),
-        *(pod(f"mid-{r}", f"m{r}") for r in range(2)),
-    )
-    memory = scheduler.Memory()
-    cycle(fixed_world(facts, [high, mid, low]), executor, memory)
-    assert executor.reserved == [], "n2 and n3 wait for high, whose victims are going"
-    assert memory.reasons["ns/high"].code == "WaitingForEviction"
-
-
-def test_an_evicted_job_bound_again_closes_its_preemption_with_the_step_it_restores() -> None:
-    executor = Recorder()
-    value = restore_codec.restore_value(6, [], "preempt-abc", incarnation=9, of=1)
-    record = {
-        "by": "ns/high",
-        "priority": 500,
-        "requestId": "abc",
-        "evictedAt": "2026-11-30T10:00:00Z",
-        "checkpoint": "Answered",
-        "step": 6,
-    }
-    preempted = {
-        "type": "Preempted",
-        "status": "True",
-        "reason": "Preempted",
-        "message": "evicted",
-        "lastTransitionTime": "2026-11-30T10:00:00Z",
-    }
-    low = job("low", 2, status={"preemptions": [record], "conditions": [preempted]})
-    cycle(fixed_world(index(*running("low", 2, restore=value)), [low]), executor)
-    (closed,) = executor.status_of("low", "preemptions")[-1]
-    assert closed["restoredStep"] == 6
-    assert closed["resumedAt"]
-    conditions = {c["type"]: c for c in executor.status_of("low", "conditions")[-1]}
-    assert conditions["Preempted"]["status"] == "False"
-
-
 def test_a_jobs_own_grace_overrides_its_supernodes() -> None:
     running_pod = fixed_world(index(*running("saver", 1)), [])
     own = job("saver", 1, checkpoint=True)
     own.model.spec.checkpoint.grace_seconds = 5  # type: ignore[union-attr]
-    assert scheduler.Cycle(running_pod, scheduler.Memory()).checkpoint_grace(own) == 5.0
+    busy = cyclestate.CycleState(running_pod, cyclestate.Memory())
+    assert preemption.checkpoint_grace(busy, own) == 5.0
 
 
 # ---- recovery --------------------------------------------------------------------------------
 
 
-def recover(seen: world.World, executor: Recorder, state: recovery.State) -> None:
+def recover(seen: world.World, executor: Recorder, state: recovery_memory.State) -> None:
     asyncio.run(recovery.run(seen, state, executor))
 
 
 def test_a_failed_pod_is_recovered_in_place_from_the_newest_step_every_rank_holds() -> None:
     executor = Recorder()
     a = job("a", 2, checkpoint=True)
-    executor.inventories["uid-a"] = daemons.Inventory(
+    executor.inventories["uid-a"] = daemonclient.Inventory(
         (
             *(held("uid-a", s, r, f"n{r}") for s in (4, 6) for r in (0, 1)),
             held("uid-a", 8, 0, "n0"),  # rank 1 never committed step 8
@@ -286,7 +168,7 @@ def test_a_failed_pod_is_recovered_in_place_from_the_newest_step_every_rank_hold
     pods = running("a", 2)
     pods[1] = dataclasses.replace(pods[1], phase="Failed")
     seen = fixed_world(index(*pods), [a])
-    recover(seen, executor, recovery.State())
+    recover(seen, executor, recovery_memory.State())
     (plan,) = executor.status_of("a", "recovering")
     assert (plan["level"], plan["restoredStep"]) == ("InPlace", 6), plan
     assert plan["targets"] == {"1": "n1"}
@@ -305,14 +187,14 @@ def test_a_failed_pod_is_recovered_in_place_from_the_newest_step_every_rank_hold
 def test_a_lost_node_swaps_in_a_spare_and_its_rank_restores_from_a_peer_copy(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(recovery, "SETTLE_SECONDS", 0.0)
+    monkeypatch.setattr(detect, "SETTLE_SECONDS", 0.0)
     executor = Recorder()
     a = job("a", 2, checkpoint=True)
-    executor.inventories["uid-a"] = daemons.Inventory(
+    executor.inventories["uid-a"] = daemonclient.Inventory(
         (held("uid-a", 6, 0, "n0"), held("uid-a", 6, 1, "n0"))  # n0 keeps rank 1's peer copy
     )
     seen = fixed_world(index(*running("a", 2)), [a], spares=1, down=frozenset({"n1"}))
-    recover(seen, executor, recovery.State())
+    recover(seen, executor, recovery_memory.State())
     (plan,) = executor.status_of("a", "recovering")
     assert (plan["level"], plan["restoredStep"]) == ("SpareSwap", 6), plan
     (spare,) = plan["targets"].values()
@@ -343,20 +225,20 @@ def test_a_rank_on_a_node_whose_kubelet_went_silent_is_deleted_without_grace() -
     pods[1] = dataclasses.replace(pods[1], deleting=True)  # deleted with grace, never finished
     seen = fixed_world(index(*pods), [a], spares=1)
     seen = dataclasses.replace(seen, stale=frozenset({"n1"}))
-    recover(seen, executor, recovery.State())
+    recover(seen, executor, recovery_memory.State())
     assert executor.deleted_at_once == ["ns/a-1"]
 
 
 def test_a_job_out_of_recoveries_fails_with_the_reason() -> None:
     executor = Recorder()
     a = job("a", 2, checkpoint=True, recovery={"maxRecoveries": 1}, status={"recoveryCount": 1})
-    executor.inventories["uid-a"] = daemons.Inventory(
+    executor.inventories["uid-a"] = daemonclient.Inventory(
         tuple(held("uid-a", 6, r, f"n{r}") for r in (0, 1))
     )
     pods = running("a", 2)
     pods[0] = dataclasses.replace(pods[0], phase="Failed")
     seen = fixed_world(index(*pods), [a])
-    recover(seen, executor, recovery.State())
+    recover(seen, executor, recovery_memory.State())
     assert seen.decisions.failed["uid-a"][0] == "MaxRecoveriesReached"
     assert "MaxRecoveriesReached" in executor.reasons("a")
     assert executor.status_of("a", "recovering") == []
@@ -379,7 +261,7 @@ def test_a_recovery_is_recorded_once_every_rank_runs_the_restored_step() -> None
     }
     a = job("a", 2, checkpoint=True, status={"recovering": plan})
     seen = fixed_world(index(*running("a", 2, restore=value)), [a])
-    recover(seen, executor, recovery.State())
+    recover(seen, executor, recovery_memory.State())
     (written,) = [s for s in executor.statuses if "recoveries" in s]
     assert written["recovering"] is None
     assert written["recoveryCount"] == 1
@@ -425,7 +307,7 @@ def test_a_window_that_gives_inference_every_card_asks_training_to_checkpoint_th
     executor, memory = Recorder(), timeshare.Memory()
     a = job("a", 2, checkpoint=True)
     chat = service("chat", 4)
-    executor.inventories["uid-a"] = daemons.Inventory(
+    executor.inventories["uid-a"] = daemonclient.Inventory(
         tuple(held("uid-a", 4, r, f"n{r}") for r in (0, 1))
     )
     seen = fixed_world(index(*running("a", 2)), [a, chat], time_sharing=ALL_DAY)
@@ -448,7 +330,7 @@ def test_a_window_that_gives_inference_every_card_asks_training_to_checkpoint_th
     assert shares.training["ns/a"] == 2, "its pods stay until it answers"
     assert "CheckpointRequested" in executor.reasons("a")
 
-    executor.inventories["uid-a"] = daemons.Inventory(  # the answer: step 6 on both ranks
+    executor.inventories["uid-a"] = daemonclient.Inventory(  # the answer: step 6 on both ranks
         tuple(held("uid-a", s, r, f"n{r}") for s in (4, 6) for r in (0, 1))
     )
     shares = asyncio.run(passes(2))
@@ -480,7 +362,7 @@ def test_a_suspended_job_that_gets_cards_back_is_told_to_restore_its_step(
         }
     }
     a = job("a", 2, checkpoint=True, status=suspended)
-    executor.inventories["uid-a"] = daemons.Inventory(
+    executor.inventories["uid-a"] = daemonclient.Inventory(
         tuple(held("uid-a", 6, r, f"n{r}") for r in (0, 1))
     )
     quiet = {**ALL_DAY, "windows": [{**ALL_DAY["windows"][0], "inferenceCards": 0}]}
@@ -499,16 +381,16 @@ def test_a_suspended_job_that_gets_cards_back_is_told_to_restore_its_step(
     assert "Resumed" in executor.reasons("a")
 
 
-# ---- tier-1 peers ----------------------------------------------------------------------------
+# ---- tier-1 peers (controllers.daemons) ------------------------------------------------------
 
 
 def test_every_daemon_is_told_peers_in_another_rack_as_many_as_its_jobs_copy_to() -> None:
-    executor, memory = Recorder(), peers.Memory()
+    executor, memory = Recorder(), daemons.Memory()
     seen = fixed_world({}, [])  # n0, n1 in rack-0; n2, n3 in rack-1
     rack = {endpoint(f"n{i}"): i // 2 for i in range(4)}
 
     async def told() -> dict[str, list[str]]:
-        peers.run(seen, memory, executor, {})
+        daemons.run(seen, {}, memory, executor, {})
         await asyncio.sleep(0.01)  # told in the background
         return executor.peers
 
@@ -527,12 +409,12 @@ def test_every_daemon_is_told_peers_in_another_rack_as_many_as_its_jobs_copy_to(
 def test_a_daemon_that_started_again_or_did_not_answer_is_told_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    executor, memory = Recorder(), peers.Memory()
+    executor, memory = Recorder(), daemons.Memory()
     executor.healthy[endpoint("n3")] = False  # refuses the list
     seen = fixed_world({}, [])
 
     async def once(started: dict[str, float]) -> None:
-        peers.run(seen, memory, executor, started)
+        daemons.run(seen, {}, memory, executor, started)
         await asyncio.sleep(0.01)
 
     asyncio.run(once({}))
@@ -541,7 +423,7 @@ def test_a_daemon_that_started_again_or_did_not_answer_is_told_again(
     executor.healthy[endpoint("n3")] = True
     asyncio.run(once({}))
     assert executor.peers == {}, "a daemon that refused is not asked again at once"
-    monkeypatch.setattr(peers, "RETRY_SECONDS", 0.0)
+    monkeypatch.setattr(memory.peers, "retry_seconds", 0.0)
     asyncio.run(once({"n1": 5.0}))  # n1's daemon restarted (its Lease's acquireTime moved)
     assert set(executor.peers) == {endpoint("n1"), endpoint("n3")}, "only those two again"
     executor.peers.clear()

@@ -10,6 +10,7 @@ import pytest
 
 from matrixpool.controllers import loop
 from matrixpool.controllers.scheduling import cycle as scheduler
+from matrixpool.controllers.scheduling import cyclestate
 from matrixpool.placement import engine
 from matrixpool.state import assumed as assuming
 from matrixpool.state import world
@@ -34,7 +35,7 @@ def builds(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 def cycle(seen: world.World) -> Recorder:
     executor = Recorder()
-    asyncio.run(scheduler.Cycle(seen, scheduler.Memory(), assuming.Assumed(), executor).run())
+    asyncio.run(scheduler.Cycle(seen, cyclestate.Memory(), assuming.Assumed(), executor).run())
     return executor
 
 

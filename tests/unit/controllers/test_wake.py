@@ -1,4 +1,4 @@
-"""The main loop's alarm (handlers.wake): which events bring the next pass forward."""
+"""The main loop's alarm (controllers.wake): which events bring the next pass forward."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The workload indexes (handlers.workloads): a spec parsed once per generation, the status
-always the one of the event."""
+"""The workload indexes (state.indexes, state.workloads): a spec parsed once per generation,
+the status always the one of the event."""
 
 from __future__ import annotations
 

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from matrixpool.controllers.scheduling import cycle as scheduler
-from matrixpool.k8s import daemons
+from matrixpool.controllers.scheduling import cyclestate, preemption
+from matrixpool.k8s import daemonclient
 from matrixpool.state import assumed as assuming
 from matrixpool.state import decisions as decided
 from matrixpool.state import world
@@ -101,7 +102,7 @@ def test_a_cycle_on_an_index_that_never_catches_up_gives_no_card_twice() -> None
     first = job("first", 2)
     stale = index(pod("first-0", "p0"), pod("first-1", "p1"))  # what the watch shows, forever
     assumed = assuming.Assumed()
-    memory = scheduler.Memory()
+    memory = cyclestate.Memory()
     for _ in range(3):
         seen = fixed_world(assumed.view(stale), [first])
         asyncio.run(scheduler.Cycle(seen, memory, assumed, executor).run())
@@ -125,8 +126,8 @@ def test_a_preempted_training_job_is_asked_to_checkpoint_and_evicted_on_its_answ
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     calls = Recorder()
-    monkeypatch.setattr(scheduler, "CHECK_SECONDS", 0.0)
-    calls.inventories["uid-low"] = daemons.Inventory(
+    monkeypatch.setattr(preemption, "CHECK_SECONDS", 0.0)
+    calls.inventories["uid-low"] = daemonclient.Inventory(
         (held("uid-low", 4, 0, "n0"), held("uid-low", 4, 1, "n1"))
     )
     low = job("low", 2, priority=10, checkpoint=True, status={"checkpoints": {"memory": 4}})
@@ -135,7 +136,7 @@ def test_a_preempted_training_job_is_asked_to_checkpoint_and_evicted_on_its_answ
         *(pod(f"low-{r}", f"l{r}", node=f"n{r}", cards=EIGHT, phase="Running") for r in range(2)),
         *(pod(f"high-{r}", f"h{r}") for r in range(4)),
     )
-    decisions, memory, assumed = decided.Decisions(), scheduler.Memory(), assuming.Assumed()
+    decisions, memory, assumed = decided.Decisions(), cyclestate.Memory(), assuming.Assumed()
 
     async def cycles(count: int) -> None:
         for _ in range(count):
@@ -151,7 +152,7 @@ def test_a_preempted_training_job_is_asked_to_checkpoint_and_evicted_on_its_answ
     assert calls.deleted == [], "no pod goes before the answer (step 4 was there before)"
     assert memory.reasons["ns/high"].code == "WaitingForCheckpoint"
 
-    calls.inventories["uid-low"] = daemons.Inventory(  # the answer
+    calls.inventories["uid-low"] = daemonclient.Inventory(  # the answer
         (held("uid-low", 6, 0, "n0"), held("uid-low", 6, 1, "n1"))
     )
     asyncio.run(cycles(2))
@@ -179,7 +180,7 @@ def test_a_preempted_training_job_is_asked_to_checkpoint_and_evicted_on_its_answ
 
     # The evicted pods are gone; their trainers committed step 8 before they stopped. The new
     # pods are created once the daemons said so (asked in the background), told to restore 8.
-    calls.inventories["uid-low"] = daemons.Inventory(
+    calls.inventories["uid-low"] = daemonclient.Inventory(
         (held("uid-low", 8, 0, "n0"), held("uid-low", 8, 1, "n1"))
     )
     facts = index(*(pod(f"high-{r}", f"h{r}") for r in range(4)))
@@ -192,11 +193,12 @@ def test_a_preempted_training_job_is_asked_to_checkpoint_and_evicted_on_its_answ
 
 
 def test_training_without_checkpoints_and_inference_give_up_their_cards_at_once() -> None:
-    cycle = scheduler.Cycle(fixed_world({}, []), scheduler.Memory())
-    assert cycle.checkpoint_grace(job("plain", 2)) is None
+    cycle = cyclestate.CycleState(fixed_world({}, []), cyclestate.Memory())
+    assert preemption.checkpoint_grace(cycle, job("plain", 2)) is None
     running = fixed_world(index(pod("saver-0", "s0", node="n0", phase="Running")), [])
     saver = job("saver", 1, checkpoint=True)
-    assert scheduler.Cycle(running, scheduler.Memory()).checkpoint_grace(saver) == 60.0
+    busy = cyclestate.CycleState(running, cyclestate.Memory())
+    assert preemption.checkpoint_grace(busy, saver) == 60.0
 
 
 def test_topologies_are_kept_while_nodes_and_supernodes_stay_equal_and_rebuilt_on_change() -> None:

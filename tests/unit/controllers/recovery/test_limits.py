@@ -16,8 +16,9 @@ import pydantic
 import pytest
 
 from matrixpool.api import common, crdgen, trainingjob
-from matrixpool.controllers import recovery
-from matrixpool.k8s import daemons
+from matrixpool.controllers.recovery import carry_out, decide
+from matrixpool.controllers.recovery import memory as recovery_memory
+from matrixpool.k8s import daemonclient
 from matrixpool.state.workloads import Workload
 from matrixpool_recovery import policy
 
@@ -113,7 +114,7 @@ def reschedule_plan(ranks: int, namespace: str = "ns", name: str = "big") -> dic
         reason="the whole job is placed again",
     )
     job = big_job(namespace, name)
-    return recovery.plan_record(job, plan, view, daemons.Inventory(), T0).wire()
+    return decide.plan_record(job, plan, view, daemonclient.Inventory(), T0).wire()
 
 
 def test_replicas_and_every_per_rank_bound_are_the_one_constant() -> None:
@@ -208,7 +209,7 @@ def test_recorded_keeps_the_newest_entries_and_counts_them_all(
     status: dict[str, Any] = {"recoveries": [entry(i) for i in range(listed)]}
     if count is not None:
         status["recoveryCount"] = count
-    patch = recovery.recorded(status, entry(listed))
+    patch = carry_out.recorded(status, entry(listed))
     assert [r["id"] for r in patch["recoveries"]] == kept_ids
     assert patch["recoveryCount"] == total
     assert list(violations(status_schema(), patch, ".status")) == []
@@ -218,7 +219,7 @@ def test_recorded_keeps_the_newest_entries_and_counts_them_all(
 def test_a_recovery_recorded_already_is_neither_listed_nor_counted_twice(seen: bool) -> None:
     status = {"recoveries": [entry(0), entry(1)], "recoveryCount": 9}
     record = entry(2) if seen else entry(1)
-    patch = recovery.recorded(status, record, seen=seen)
+    patch = carry_out.recorded(status, record, seen=seen)
     assert [r["id"] for r in patch["recoveries"]] == ["r0", "r1"]
     assert patch["recoveryCount"] == 9
 
@@ -232,7 +233,7 @@ def test_max_recoveries_compares_against_the_count_not_the_list() -> None:
         cards_of={0: frozenset({0})},
         rack_of={},
         supernode_of={},
-        recoveries=recovery.recovery_count(status),
+        recoveries=carry_out.recovery_count(status),
         max_recoveries=50,
     )
     fault = policy.Fault(policy.FaultKind.POD_FAILED, policy.NodeName("n0"), ranks=frozenset({0}))
@@ -254,11 +255,11 @@ def test_the_model_reads_an_overlong_list_as_its_newest_entries() -> None:
     ids=lambda v: str(v),
 )
 def test_the_delay_doubles_from_one_second_up_to_five_minutes(failures: int, delay: float) -> None:
-    assert recovery.backoff_delay(failures) == delay
+    assert recovery_memory.backoff_delay(failures) == delay
 
 
 def test_failures_in_a_row_wait_longer_each_time_until_a_success_resets() -> None:
-    state = recovery.State()
+    state = recovery_memory.State()
     assert state.failed("u1", now=100.0) == 1.0
     assert state.backing_off("u1", now=100.5)
     assert not state.backing_off("u1", now=101.0)
@@ -271,11 +272,11 @@ def test_failures_in_a_row_wait_longer_each_time_until_a_success_resets() -> Non
 
 
 def test_backoff_is_per_uid_and_a_recreated_job_starts_afresh() -> None:
-    state = recovery.State()
+    state = recovery_memory.State()
     state.failed("old-uid", now=0.0)
     state.failed("old-uid", now=1.0)
     assert not state.backing_off("new-uid", now=1.5)  # same namespace/name, another object
-    state.forget("old-uid")  # the loop drops a job that went (Controllers.forget_replaced)
+    state.forget("old-uid", "ns/j")  # the loop drops a job that went (Controllers.forget_replaced)
     assert state.backoff == {}
 
 

@@ -1,4 +1,4 @@
-"""The binding cycle apart from the scheduling cycle (handlers.scheduler.run_cycle with
+"""The binding cycle apart from the scheduling cycle (controllers.scheduling.cycle.run_cycle with
 ``background``): the scheduling cycle returns once it has decided, its bindings are written
 by a task, and no scheduling cycle runs until they are through. No API server
 (tests/unit/recorder.py)."""
@@ -12,6 +12,7 @@ import pytest
 
 from matrixpool.controllers import loop
 from matrixpool.controllers.scheduling import cycle as scheduler
+from matrixpool.controllers.scheduling import cyclestate
 from matrixpool.k8s import pods
 from matrixpool.state import assumed as assuming
 from matrixpool.state import world
@@ -41,7 +42,7 @@ def test_the_cycle_returns_before_its_bindings_and_the_next_waits_for_them() -> 
     async def scenario() -> None:
         act = HeldBinds()
         act.gate = asyncio.Event()
-        memory, assumed = scheduler.Memory(), assuming.Assumed()
+        memory, assumed = cyclestate.Memory(), assuming.Assumed()
         seen = two_jobs()
         assert await scheduler.run_cycle(lambda: seen, memory, assumed, act, background=True)
         for _ in range(100):  # the binding cycle starts: pods created, reserved
@@ -72,7 +73,7 @@ def test_a_failed_binding_cycle_is_logged_and_the_next_cycle_runs(
         act.gate = asyncio.Event()
         act.gate.set()
         act.fail = True
-        memory, assumed = scheduler.Memory(), assuming.Assumed()
+        memory, assumed = cyclestate.Memory(), assuming.Assumed()
         seen = fixed_world({}, [job("a", 2)])
         assert await scheduler.run_cycle(lambda: seen, memory, assumed, act, background=True)
         await scheduler.settle(memory)
@@ -90,7 +91,7 @@ def test_without_background_the_cycle_returns_with_its_bindings_written() -> Non
         act = HeldBinds()
         act.gate = asyncio.Event()
         act.gate.set()
-        memory = scheduler.Memory()
+        memory = cyclestate.Memory()
         assert await scheduler.run_cycle(lambda: two_jobs(), memory, assuming.Assumed(), act)
         assert sorted(act.bound_to) == ["ns/a-0", "ns/a-1", "ns/b-0"]
         assert memory.binding is None
@@ -104,7 +105,7 @@ def test_a_cycle_with_nothing_to_bind_reports_at_once_and_leaves_no_task() -> No
     async def scenario() -> None:
         act = HeldBinds()
         act.gate = asyncio.Event()  # never set: a Binding would hang the test
-        memory = scheduler.Memory()
+        memory = cyclestate.Memory()
         seen = fixed_world({}, [job("big", 9)])  # 9 nodes' worth on 4 nodes: waits
         ran = await scheduler.run_cycle(
             lambda: seen, memory, assuming.Assumed(), act, background=True

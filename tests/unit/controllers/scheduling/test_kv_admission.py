@@ -13,8 +13,9 @@ from prometheus_client import REGISTRY
 
 from matrixpool import metrics
 from matrixpool.api import inferenceservice, supernode
-from matrixpool.controllers import kvquotas
+from matrixpool.controllers import daemons
 from matrixpool.controllers.scheduling import cycle as scheduler
+from matrixpool.controllers.scheduling import cyclestate
 from matrixpool.state import assumed as assuming
 from matrixpool.state import world
 from matrixpool.state.workloads import Workload
@@ -52,7 +53,7 @@ def pooled(services: list[Workload], per_node: str | None = "16Gi") -> world.Wor
     return dataclasses.replace(seen, supernodes={"sn-a": supernode.parse(body)})
 
 
-def cycle(seen: world.World, memory: scheduler.Memory, executor: Recorder) -> None:
+def cycle(seen: world.World, memory: cyclestate.Memory, executor: Recorder) -> None:
     asyncio.run(scheduler.Cycle(seen, memory, assuming.Assumed(), executor).run())
 
 
@@ -67,7 +68,7 @@ def ready(executor: Recorder, name: str) -> dict[str, Any]:
 
 def test_a_service_that_fits_gets_pods_and_one_that_does_not_waits_with_the_reason() -> None:
     big, late = service("big", "48Gi", "t0"), service("late", "32Gi", "t1")
-    executor, memory = Recorder(), scheduler.Memory()
+    executor, memory = Recorder(), cyclestate.Memory()
     cycle(pooled([big, late]), memory, executor)
 
     assert owners(executor) == {"big"}
@@ -101,14 +102,14 @@ def test_a_held_reservation_survives_a_restart_and_a_newcomer_of_higher_priority
     old = dataclasses.replace(service("old", "48Gi", "t0"), status={"kvCache": {"admitted": True}})
     vip = service("vip", "48Gi", "t1", priority=900)
     executor = Recorder()
-    cycle(pooled([old, vip]), scheduler.Memory(), executor)  # a fresh operator's memory
+    cycle(pooled([old, vip]), cyclestate.Memory(), executor)  # a fresh operator's memory
     assert owners(executor) == {"old"}
     assert ready(executor, "vip")["reason"] == "KVCachePoolFull"
 
 
 def test_the_waiting_service_gets_in_once_the_other_goes() -> None:
     big, late = service("big", "48Gi", "t0"), service("late", "32Gi", "t1")
-    executor, memory = Recorder(), scheduler.Memory()
+    executor, memory = Recorder(), cyclestate.Memory()
     cycle(pooled([big, late]), memory, executor)
     cycle(pooled([late]), memory, executor)
     assert "late" in owners(executor)
@@ -118,7 +119,7 @@ def test_the_waiting_service_gets_in_once_the_other_goes() -> None:
 
 def test_a_supernode_without_a_memory_pool_says_so() -> None:
     executor = Recorder()
-    cycle(pooled([service("a", "1Gi", "t0")], per_node=None), scheduler.Memory(), executor)
+    cycle(pooled([service("a", "1Gi", "t0")], per_node=None), cyclestate.Memory(), executor)
     assert owners(executor) == set()
     condition = ready(executor, "a")
     assert condition["reason"] == "NoMemoryPool"
@@ -130,20 +131,20 @@ def test_a_service_without_kv_cache_is_untouched_by_the_pool() -> None:
     assert isinstance(plain.model, inferenceservice.InferenceService)
     plain.model.spec.kv_cache = None
     executor = Recorder()
-    cycle(pooled([plain], per_node=None), scheduler.Memory(), executor)
+    cycle(pooled([plain], per_node=None), cyclestate.Memory(), executor)
     assert owners(executor) == {"plain"}
     assert executor.status_of("plain", "kvCache") == []
 
 
-# --- the daemons' quotas (handlers.kvquotas) ---------------------------------------------------
+# --- the daemons' quotas (controllers.daemons) ------------------------------------------------
 
 
 def told(seen: world.World, decisions: dict[str, Any], executor: Recorder, **kw: Any) -> None:
     async def passes() -> None:
-        memory = kw.get("memory") or kvquotas.Memory()
-        kvquotas.run(seen, decisions, memory, executor, kw.get("started", {}))
+        memory = (kw.get("memory") or daemons.Memory()).kv_quotas
+        memory.run(daemons.kv_quota_plan(seen, decisions, kw.get("started", {})), executor)
         await asyncio.sleep(0.01)  # the daemons are told in the background
-        await memory.tasks.settle("kvquotas", 5.0)
+        await memory.tasks.settle(memory.what, 5.0)
 
     asyncio.run(passes())
 
@@ -151,7 +152,7 @@ def told(seen: world.World, decisions: dict[str, Any], executor: Recorder, **kw:
 def test_each_daemon_of_the_pool_is_told_the_quota_of_every_admitted_service() -> None:
     big, late = service("big", "48Gi", "t0"), service("late", "32Gi", "t1")
     seen = pooled([big, late])
-    memory = scheduler.Memory()
+    memory = cyclestate.Memory()
     cycle(seen, memory, Recorder())
     executor = Recorder()
     told(seen, memory.kv, executor)
@@ -160,7 +161,7 @@ def test_each_daemon_of_the_pool_is_told_the_quota_of_every_admitted_service() -
 
 def test_a_supernode_without_a_pool_tells_its_daemons_nothing() -> None:
     seen = pooled([service("a", "1Gi", "t0")], per_node=None)
-    memory = scheduler.Memory()
+    memory = cyclestate.Memory()
     cycle(seen, memory, Recorder())
     executor = Recorder()
     told(seen, memory.kv, executor)
@@ -169,7 +170,7 @@ def test_a_supernode_without_a_pool_tells_its_daemons_nothing() -> None:
 
 def test_a_daemon_is_told_again_only_when_its_quotas_change_or_it_restarts() -> None:
     seen = pooled([service("big", "48Gi", "t0")])
-    memory, quotas = scheduler.Memory(), kvquotas.Memory()
+    memory, quotas = cyclestate.Memory(), daemons.Memory()
     cycle(seen, memory, Recorder())
     first = Recorder()
     told(seen, memory.kv, first, memory=quotas)
@@ -185,7 +186,7 @@ def test_a_daemon_is_told_again_only_when_its_quotas_change_or_it_restarts() -> 
 
 def test_the_pool_and_its_services_are_in_the_operators_metrics() -> None:
     big, late = service("big", "48Gi", "t0"), service("late", "32Gi", "t1")
-    cycle(pooled([big, late]), scheduler.Memory(), Recorder())
+    cycle(pooled([big, late]), cyclestate.Memory(), Recorder())
 
     def sample(name: str, state: str) -> float | None:
         return REGISTRY.get_sample_value(name, {"supernode": "sn-a", "state": state})

@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 
 from matrixpool.controllers.scheduling import cycle as scheduler
+from matrixpool.controllers.scheduling import cyclestate
 from matrixpool.k8s import convert
 from matrixpool.placement import diagnose, inventory, nodefit
 from matrixpool.state import assumed as assuming
@@ -77,7 +78,7 @@ def test_a_gang_short_of_cpu_waits_with_a_condition_and_an_event_naming_cpu() ->
     hungry = job("hungry", 1, template=template)
     seen = with_allocatable(fixed_world(index(pod("hungry-0", "u0")), [hungry]))
     executor = Recorder()
-    asyncio.run(scheduler.Cycle(seen, scheduler.Memory(), assuming.Assumed(), executor).run())
+    asyncio.run(scheduler.Cycle(seen, cyclestate.Memory(), assuming.Assumed(), executor).run())
     assert executor.reserved == []
     (conditions,) = executor.status_of("hungry", "conditions")[-1:]
     scheduled = next(c for c in conditions if c["type"] == "Scheduled")

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from matrixpool.api import labels, trainingjob
-from matrixpool.controllers.scheduling import cycle as scheduler
+from matrixpool.controllers.scheduling import gangpods
 from matrixpool.k8s import pods
 from matrixpool.placement import gangs, model
 from matrixpool.state.workloads import Workload
@@ -138,7 +138,7 @@ def test_a_new_rank_joins_the_run_its_gang_is_in(monkeypatch: pytest.MonkeyPatch
         "llm-0": worlds.pod("llm-0", "a", incarnation=7),
         "llm-1": worlds.pod("llm-1", "b", restore=restored),
     }
-    contracts = scheduler.training_contracts(job, [gang_of(job)], existing)
+    contracts = gangpods.training_contracts(job, [gang_of(job)], existing)
     assert set(contracts) == {"llm-0", "llm-1", "llm-2"}
     assert {c.incarnation for c in contracts.values()} == {9}  # the newest the gang names
     assert {c.world_size for c in contracts.values()} == {3}
@@ -149,13 +149,13 @@ def test_a_new_rank_joins_the_run_its_gang_is_in(monkeypatch: pytest.MonkeyPatch
 def test_a_gang_with_no_live_pod_starts_a_new_run() -> None:
     job = worlds.job("llm", 2)
     gone = {"llm-0": worlds.pod("llm-0", "a", incarnation=7, deleting=True)}
-    contracts = scheduler.training_contracts(job, [gang_of(job)], gone)
+    contracts = gangpods.training_contracts(job, [gang_of(job)], gone)
     [incarnation] = {c.incarnation for c in contracts.values()}
     assert incarnation > 1_600_000_000_000  # milliseconds of now, newer than the old run's 7
     assert json.loads(contracts["llm-0"].checkpoint) == {}  # the job asked for no checkpoint
     saving = worlds.job("llm", 2, checkpoint=True)
     [told] = {
-        c.checkpoint for c in scheduler.training_contracts(saving, [gang_of(saving)], {}).values()
+        c.checkpoint for c in gangpods.training_contracts(saving, [gang_of(saving)], {}).values()
     }
     assert json.loads(told) == {"memory": {"everySteps": 2, "peerReplicas": 1}}
 
@@ -169,9 +169,9 @@ def test_tier_3_is_mounted_read_only_when_the_jobs_uri_lies_in_the_daemons_share
     for job, uri in ((inside, "file:///mnt/shared/in"), (outside, "file:///elsewhere/out")):
         assert isinstance(job.model, trainingjob.TrainingJob)
         job.model.spec.checkpoint.persistent = trainingjob.PersistentTier(every_steps=5, uri=uri)
-    [told] = scheduler.training_contracts(inside, [gang_of(inside)], {}).values()
+    [told] = gangpods.training_contracts(inside, [gang_of(inside)], {}).values()
     assert told.persistent_path == "/mnt/shared"
-    [other] = scheduler.training_contracts(outside, [gang_of(outside)], {}).values()
+    [other] = gangpods.training_contracts(outside, [gang_of(outside)], {}).values()
     assert other.persistent_path == ""  # the user's own mount, if any
     pod = pods.manifest(plan(), {}, OWNER, worlds.CARDS, told)
     mounts = {m["mountPath"]: m for m in pod["spec"]["containers"][0]["volumeMounts"]}

@@ -1,0 +1,93 @@
+"""Step 1 of a recovery, **detect**: the faults under a bound gang's ranks (:func:`detect`,
+pure) — a rank's Node gone or not Ready (or its kubelet's Lease stale), its daemon unreachable,
+``matrixpool.dev/unhealthy-cards`` covering one of its cards, its pod Failed (evicted too; a
+container that exits non-zero fails its pod). A pod that Succeeded is no fault; a finished job
+(phase Succeeded, :mod:`matrixpool.controllers.lifecycle`) is not looked at. Node losses wait
+:data:`SETTLE_SECONDS` to be decided together (:func:`settled`). Called by
+:func:`.controller.step`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import structlog
+
+from matrixpool import clock
+from matrixpool.controllers.recovery import memory
+from matrixpool.k8s import convert
+from matrixpool.placement import inventory
+from matrixpool.state.workloads import Workload
+from matrixpool_recovery import policy
+
+log = structlog.get_logger(__name__)
+
+SETTLE_SECONDS = 1.0  # node losses seen within this long of the first are decided together
+
+
+def detect(
+    world_size: int,
+    facts: Sequence[convert.PodFacts],
+    nodes: Mapping[str, inventory.NodeInfo],
+    unreachable: Iterable[str],
+    workload: Workload | None = None,
+    stale: Iterable[str] = (),
+) -> list[policy.Fault]:
+    """The faults under a bound gang's ranks (pure). A gang not wholly bound has none: the
+    scheduler is still placing it."""
+    live = [p for p in facts if not p.deleting]
+    if len({p.rank for p in live if p.node}) < world_size or workload_suspended(workload):
+        return []
+    silent = set(unreachable)
+    expired = set(stale)
+    found: dict[tuple[policy.FaultKind, str], tuple[set[int], set[int]]] = {}
+
+    def add(
+        kind: policy.FaultKind, node: str, ranks: Iterable[int] = (), cards: Iterable[int] = ()
+    ) -> None:
+        held = found.setdefault((kind, node), (set(), set()))
+        held[0].update(ranks)
+        held[1].update(cards)
+
+    for pod in live:
+        if not pod.node:
+            continue
+        info = nodes.get(pod.node)
+        if info is None:
+            add(policy.FaultKind.NODE_DELETED, pod.node)
+        elif info.down or pod.node in expired:
+            add(policy.FaultKind.NODE_DOWN, pod.node)
+        elif pod.node in silent:
+            add(policy.FaultKind.DAEMON_UNREACHABLE, pod.node)
+        else:
+            bad = info.unhealthy & pod.cards
+            if bad:
+                add(policy.FaultKind.CARDS_UNHEALTHY, pod.node, cards=bad)
+            if pod.phase == "Failed":
+                add(policy.FaultKind.POD_FAILED, pod.node, ranks=[pod.rank])
+    if found:  # ranks that already exited 0 cannot reload the step the gang rolls back to
+        for pod in live:
+            if pod.node and pod.phase == "Succeeded" and pod.node in nodes:
+                add(policy.FaultKind.POD_FAILED, pod.node, ranks=[pod.rank])
+    return [
+        policy.Fault(kind, policy.NodeName(node), frozenset(cards), frozenset(ranks))
+        for (kind, node), (ranks, cards) in sorted(found.items())
+    ]
+
+
+def workload_suspended(workload: Workload | None) -> bool:
+    return workload is not None and workload.status.get("phase") == "Suspended"
+
+
+def settled(workload: Workload, faults: list[policy.Fault], state: memory.State) -> bool:
+    """Node losses are decided SETTLE_SECONDS after the first shows, so that a rack losing
+    power (its nodes going NotReady a few hundred milliseconds apart) is one recovery, not one
+    per node; a lost node's silent daemon joins its NodeDown the same way. A failed pod or a
+    bad card on a healthy node is decided at once."""
+    now = clock.SYSTEM.monotonic()
+    first, _ = state.first_seen.setdefault(workload.uid, (now, clock.SYSTEM.now()))
+    losses = any(f.kind in policy.NODE_LOSSES for f in faults)
+    if losses and now - first < SETTLE_SECONDS:
+        return False
+    log.info("faults settled", job=workload.key, faults=[f.describe() for f in faults])
+    return True

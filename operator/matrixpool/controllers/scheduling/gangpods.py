@@ -1,0 +1,304 @@
+"""Phases 2 and 3 of the scheduling cycle: the gangs each workload wants (:func:`gangs_of`) and
+their pods kept in existence (:func:`reconcile_pods`): missing ones created, surplus ones
+deleted, a finished job's pods kept until its ttl (:func:`expire`). Also what a new pod is told:
+its TrainingJob's contract (:func:`training_contracts`), a recovery's target and restore
+(:func:`pin`), the step a job evicted by a preemption resumes from (:func:`resume_value`), the
+KV-cache pool of a service (:func:`serving_contract`).
+
+Called by :mod:`.cycle`. A new gang (no pod yet) is handed on as a
+:class:`.cyclestate.Pending` holding its manifests: placed, its pods are created reserved
+(:mod:`.binding`)."""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import structlog
+
+from matrixpool import clock
+from matrixpool.api import common, inferenceservice, labels, trainingjob
+from matrixpool.controllers import lifecycle
+from matrixpool.controllers.scheduling import cyclestate, status
+from matrixpool.k8s import convert, daemonclient, pods
+from matrixpool.placement import gangs
+from matrixpool.serving import pool as kv_pool
+from matrixpool.state import decisions
+from matrixpool.state import world as read_model
+from matrixpool.state.workloads import Workload
+from matrixpool_recovery import restore as restore_codec
+
+log = structlog.get_logger(__name__)
+
+
+def gangs_of(cycle: cyclestate.CycleState, workload: Workload) -> list[gangs.Gang]:
+    if isinstance(workload.model, trainingjob.TrainingJob):
+        if read_model.failed_reason(cycle.world, workload) is not None:
+            return []  # a failed job keeps no pods
+        if read_model.succeeded(cycle.world, workload):
+            return []  # finished: nothing to place (its pods stay: reconcile_pods)
+        spec = workload.model.spec
+        size = cycle.sizes.get(spec.super_node or "") or max(cycle.sizes.values(), default=0)
+        replicas = cycle.effective(workload)
+        if replicas == 0:
+            return []  # suspended by a time-sharing window
+        return [
+            gangs.training_gang(
+                workload.namespace,
+                workload.name,
+                spec,
+                size,
+                replicas,
+                card_resource=cycle.card_resource(workload),
+            )
+        ]
+    assert isinstance(workload.model, inferenceservice.InferenceService)
+    if isinstance(cycle.kv.get(workload.uid), kv_pool.Waiting):
+        return []  # its KV cache does not fit the pool: no pods until it does
+    return gangs.inference_gangs(
+        workload.namespace,
+        workload.name,
+        workload.served_spec(),
+        replicas=cycle.shares.inference.get(workload.key),  # None: not time-shared
+        card_resource=cycle.card_resource(workload),
+    )
+
+
+async def reconcile_pods(
+    cycle: cyclestate.CycleState, wanted: Mapping[str, list[gangs.Gang]]
+) -> None:
+    for workload in cycle.world.workloads:
+        if read_model.succeeded(cycle.world, workload):
+            await expire(cycle, workload)  # kept for their logs until the ttl
+            continue
+        existing = {p.name: p for p in cycle.world.pods.get(workload.key, [])}
+        plans = [p for g in wanted.get(workload.key, []) for p in g.pods]
+        names = {p.name for p in plans}
+        template_of = template(cycle, workload)
+        resource = cycle.card_resource(workload)
+        recovery = read_model.recovery_of(cycle.world, workload)
+        missing = [plan for plan in plans if plan.name not in existing]
+        resume = resume_value(cycle, workload, existing) if missing and not recovery else ""
+        wanted_gangs = wanted.get(workload.key, [])
+        contracts = training_contracts(workload, wanted_gangs, existing) if missing else {}
+        serving = serving_contract(cycle, workload) if missing else None
+        manifests = {
+            plan.name: pin(
+                pods.manifest(
+                    plan,
+                    template_of(plan.role),
+                    workload.ref,
+                    resource,
+                    contracts.get(plan.name),
+                    serving,
+                ),
+                recovery,
+                resume,
+            )
+            for plan in missing
+            if resume is not None  # None: an evicted job's restore is not known yet
+        }
+        # A recovery's new pods come reserved on their targets; a resuming job's are told
+        # what to restore by time-sharing before they are bound.
+        if not recovery and workload.key not in cycle.shares.resuming:
+            for gang in wanted_gangs:
+                members = [p.name for p in gang.pods]
+                if members and all(n in manifests for n in members):  # none exists: new
+                    new = {n: manifests.pop(n) for n in members}
+                    cycle.new.append(cyclestate.Pending(workload, gang, [], new))
+        create = list(manifests.values())
+        surplus = [p for p in existing.values() if p.name not in names and not p.deleting]
+        try:
+            if create:
+                await cycle.act.create_pods(create)
+            if surplus:
+                await cycle.act.delete_pods([(p.namespace, p.name) for p in surplus])
+                for p in surplus:
+                    cycle.assumed.deleting(p)
+        except Exception as error:  # e.g. a namespace being deleted: the others go on
+            log.warning("could not reconcile pods", workload=workload.key, error=str(error))
+
+
+async def expire(cycle: cyclestate.CycleState, workload: Workload) -> None:
+    """The pods of a finished job go once spec.ttlSecondsAfterFinished has passed."""
+    going = lifecycle.expired(cycle.world, workload, clock.SYSTEM.now())
+    if not going:
+        return
+    await cycle.act.delete_pods([(p.namespace, p.name) for p in going])
+    for p in going:
+        cycle.assumed.deleting(p)
+    cycle.event(workload, "Normal", "PodsDeleted", f"ttl passed: {len(going)} pods deleted")
+
+
+def resume_value(
+    cycle: cyclestate.CycleState, workload: Workload, existing: Mapping[str, convert.PodFacts]
+) -> str | None:
+    """What the new pods of a TrainingJob evicted by a preemption restore ("" when it was
+    not evicted, or nothing was committed), or None while that is not known yet.
+
+    Known once every old pod is gone (the trainers save until they stop) and the daemons
+    of its SuperNode and its tier 3 have told the newest step committed for every rank
+    then — asked in the background (:meth:`find_resume`), the answer read by a later
+    cycle. The open ``status.preemptions`` record says the job must resume, so a restarted
+    operator does the same; pods already told keep what they were told."""
+    opened = open_eviction(cycle, workload)
+    if opened is None:
+        return ""
+    request = str(opened.get("requestId") or "")
+    tag = f"preempt-{request}"
+    told = [p for p in existing.values() if restore_codec.restore_id(p.restore) == tag]
+    if told:
+        return told[0].restore
+    cached = cycle.memory.resumes.get(workload.uid)
+    if cached is not None and cached[0] == request:
+        return cached[1]
+    if existing:
+        return None  # the evicted pods are still going
+    cycle.memory.tasks.start(f"resume/{workload.uid}", find_resume(cycle, workload, request))
+    return None
+
+
+def open_eviction(cycle: cyclestate.CycleState, workload: Workload) -> Mapping[str, Any] | None:
+    """The newest preemption of a TrainingJob that evicted it whole and has not resumed."""
+    if not isinstance(workload.model, trainingjob.TrainingJob):
+        return None
+    history = status.preemptions_of(cycle, workload)
+    last = history[-1] if history else None
+    if last is None or last.get("resumedAt") or last.get("replicasKept") is not None:
+        return None
+    return last
+
+
+async def find_resume(cycle: cyclestate.CycleState, workload: Workload, request: str) -> None:
+    """The restore value of an evicted job's new pods: the newest step every rank
+    committed (one incarnation) on its SuperNode's daemons or its tier 3."""
+    assert isinstance(workload.model, trainingjob.TrainingJob)
+    spec = workload.model.spec
+    tiers = spec.checkpoint
+    value = ""
+    if tiers.memory or tiers.local or tiers.persistent:
+        home = spec.super_node
+        endpoints = {
+            str(n.name): n.endpoint
+            for n in cycle.world.nodes
+            if n.endpoint and (not home or cycle.supernode_of.get(str(n.name)) == home)
+        }
+        persistent = tiers.persistent.uri if tiers.persistent else None
+        found = await cycle.act.inventory(workload.uid, endpoints, persistent)
+        step = found.newest_complete(read_model.replicas_now(cycle.world, workload))
+        if step is not None:
+            value = restore_codec.restore_value(
+                step,
+                found.holders(step),
+                f"preempt-{request}",
+                incarnation=found.new_incarnation(clock.SYSTEM.now()),
+                of=found.incarnation_of(step),
+            )
+    cycle.memory.resumes[workload.uid] = (request, value)
+    log.info("evicted job resumes", job=workload.key, request=request, restore=value or None)
+
+
+def serving_contract(
+    cycle: cyclestate.CycleState, workload: Workload
+) -> pods.ServingContract | None:
+    """The KV-cache pool's part of the pods of a service whose KV cache is admitted: the
+    daemons of its SuperNode's member nodes (those announced now) and its token."""
+    kv = cycle.kv.get(workload.uid)
+    if not isinstance(kv, kv_pool.Admitted):
+        return None
+    members = read_model.members(cycle.world).get(kv.super_node, ())
+    port, _, _ = pods.daemon_settings()
+    return pods.ServingContract(
+        service_uid=workload.uid,
+        daemons=tuple(sorted({n.endpoint for n in members if n.endpoint})),
+        daemon_port=port,
+        credential=daemonclient.secret() is not None,  # then controllers.credentials writes it
+    )
+
+
+def template(cycle: cyclestate.CycleState, workload: Workload) -> Any:
+    if isinstance(workload.model, trainingjob.TrainingJob):
+        template = workload.model.spec.template
+        return lambda role: template
+    assert isinstance(workload.model, inferenceservice.InferenceService)
+    roles = {r.name: r.template for r in workload.model.spec.roles}
+    return lambda role: roles.get(role, {})
+
+
+def training_contracts(
+    workload: Workload, wanted: Sequence[gangs.Gang], existing: Mapping[str, convert.PodFacts]
+) -> dict[str, pods.TrainingContract]:
+    """Per pod name, what a new pod of a TrainingJob is told (``pods.TrainingContract``); {}
+    for other kinds. A new rank joins the run its gang's live pods are in (the newest one
+    their incarnation or restore annotations name: a rank added by elastic growth); a gang
+    with none starts a new run, numbered by the time in milliseconds so that it is newer
+    than every recovery before it. (A rank told to restore runs as the incarnation its
+    restore annotation names instead.)"""
+    if not isinstance(workload.model, trainingjob.TrainingJob):
+        return {}
+    live = [p for p in existing.values() if not p.deleting]
+    incarnation = max((_incarnation_of(p) for p in live), default=0)
+    if not incarnation:
+        incarnation = int(clock.SYSTEM.now().timestamp() * 1000)
+    checkpoint = common.to_wire(workload.model.spec.checkpoint)
+    checkpoint.pop("graceSeconds", None)  # the operator's business, not the trainer's
+    port, memory_path, persistent_root = pods.daemon_settings()
+    persistent = workload.model.spec.checkpoint.persistent
+    inside = persistent is not None and _inside(persistent.uri, persistent_root)
+    credential = (
+        daemonclient.secret() is not None
+    )  # then the job's Secret is written (controllers.credentials)
+    return {
+        plan.name: pods.TrainingContract(
+            job_uid=workload.uid,
+            world_size=len(gang.pods),
+            incarnation=incarnation,
+            checkpoint=json.dumps(checkpoint, sort_keys=True),
+            daemon_port=port,
+            memory_path=memory_path,
+            persistent_path=persistent_root if inside else "",
+            credential=credential,
+        )
+        for gang in wanted
+        for plan in gang.pods
+    }
+
+
+def _inside(uri: str, root: str) -> bool:
+    """Whether a ``file://`` URI lies in the folder ``root``."""
+    if not uri.startswith("file://"):
+        return False
+    path = posixpath.normpath(uri.removeprefix("file://"))
+    return path == root.rstrip("/") or path.startswith(root.rstrip("/") + "/")
+
+
+def _incarnation_of(pod: convert.PodFacts) -> int:
+    try:
+        asked = restore_codec.parse_restore(pod.restore)
+    except ValueError:
+        asked = None
+    named = asked.incarnation if asked is not None and asked.incarnation is not None else 0
+    return max(pod.incarnation, named)
+
+
+def pin(
+    pod: dict[str, Any], recovery: decisions.RecoveryPlan | None, resume: str | None = None
+) -> dict[str, Any]:
+    """A new pod of a recovering job: reserved on its target node and cards (InPlace,
+    SpareSwap; the normal binding path finishes it) and told what to restore. A new pod of a
+    job evicted by a preemption restores ``resume``, the step it checkpointed when asked."""
+    if resume and not recovery:
+        pod["metadata"].setdefault("annotations", {})[labels.RESTORE] = resume
+    if not recovery:
+        return pod
+    rank = pod["metadata"]["labels"][labels.RANK]
+    annotations = pod["metadata"].setdefault("annotations", {})
+    restore = recovery.restore_for(int(rank))
+    if restore:
+        annotations[labels.RESTORE] = restore
+    target = recovery.target(int(rank))
+    if target is not None:
+        annotations[convert.NODE_ANNOTATION], annotations[labels.CARDS] = target
+    return pod

@@ -1,0 +1,362 @@
+"""Phase 7 of the scheduling cycle: each workload's status composed once, from the world and
+what this cycle bound (:func:`report`), and written where it changed. Also what the cycle last
+wrote of ``conditions`` and ``preemptions`` (:func:`conditions_of`, :func:`preemptions_of`),
+which :mod:`.preemption` writes at a preemption too. Called by :mod:`.cycle`.
+
+One writer per status field of a TrainingJob or InferenceService (merge patches of disjoint
+fields cannot undo each other; each writer remembers what it wrote, so a lagging index never
+makes it drop a condition):
+
+=======================================================  ==================================
+field                                                    writer
+=======================================================  ==================================
+``phase``, ``replicas``, ``placement``, ``conditions``,  this cycle (phase 7; ``replicas``,
+``observedGeneration``, ``roles``, ``roleSummary``,      ``conditions`` and ``preemptions``
+``expertMap``, ``preemptions``, ``completionTime``       also at a preemption)
+``recovering``, ``recoveries``, ``recoveryCount``,       :mod:`matrixpool.controllers.recovery`
+``checkpoints``
+``timeSharing``                                          :mod:`matrixpool.controllers.timeshare`
+=======================================================  ==================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import structlog
+
+from matrixpool import clock
+from matrixpool.api import common, inferenceservice, trainingjob
+from matrixpool.controllers import lifecycle
+from matrixpool.controllers.scheduling import cyclestate, kvadmission
+from matrixpool.k8s import convert, pods
+from matrixpool.placement import gangs, model
+from matrixpool.serving import pool as kv_pool
+from matrixpool.state import world as read_model
+from matrixpool.state.workloads import Workload
+from matrixpool.state.world import World
+from matrixpool_recovery import restore as restore_codec
+
+log = structlog.get_logger(__name__)
+
+
+async def report(
+    cycle: cyclestate.CycleState,
+    wanted: Mapping[str, list[gangs.Gang]],
+    bindings: Sequence[cyclestate.Binding],
+) -> None:
+    just_bound = {a.pod: a for b in bindings for a in b.placement.assignments}
+    changed: list[tuple[Workload, str, dict[str, Any]]] = []
+    for workload in cycle.world.workloads:
+        if workload.model is None:
+            continue
+        facts = cycle.world.pods.get(workload.key, [])
+        plans = wanted.get(workload.key, [])
+        if isinstance(workload.model, trainingjob.TrainingJob):
+            status = training_status(
+                workload,
+                plans,
+                facts,
+                just_bound,
+                cycle.memory.reasons,
+                cycle.supernode_of,
+                cycle.world,
+                conditions_of(cycle, workload),
+                preemptions_of(cycle, workload),
+            )
+            if "preemptions" in status:
+                cycle.memory.preemptions[workload.uid] = status["preemptions"]
+            status = cycle.shares.amend(workload.key, status)  # time-sharing phase, desired
+            plural = trainingjob.PLURAL
+        else:
+            status = await inference_status(cycle, workload, plans, facts, just_bound)
+            plural = inferenceservice.PLURAL
+        cycle.memory.conditions[workload.uid] = status["conditions"]
+        if cycle.memory.statuses.get(workload.uid) != status:
+            changed.append((workload, plural, status))
+    await write_statuses(cycle, changed)
+
+
+async def write_statuses(
+    cycle: cyclestate.CycleState, changed: Sequence[tuple[Workload, str, dict[str, Any]]]
+) -> None:
+    """Patch these statuses concurrently (after a burst, hundreds of jobs have a new one;
+    one at a time they kept the loop for seconds). One that fails is written next cycle."""
+    semaphore = asyncio.Semaphore(pods.CONCURRENCY)
+
+    async def write(workload: Workload, plural: str, status: dict[str, Any]) -> None:
+        async with semaphore:
+            await cycle.act.patch_status(plural, workload.namespace, workload.name, status)
+
+    results = await asyncio.gather(*(write(*c) for c in changed), return_exceptions=True)
+    for (workload, _, status), result in zip(changed, results, strict=True):
+        if isinstance(result, BaseException):
+            if not isinstance(result, Exception):
+                raise result  # cancelled: the loop is stopping
+            log.warning("could not write a status", workload=workload.key, error=str(result))
+        else:
+            cycle.memory.statuses[workload.uid] = status
+
+
+async def inference_status(
+    cycle: cyclestate.CycleState,
+    workload: Workload,
+    plans: list[gangs.Gang],
+    facts: list[convert.PodFacts],
+    just_bound: Mapping[model.PodKey, model.Assignment],
+) -> dict[str, Any]:
+    assert isinstance(workload.model, inferenceservice.InferenceService)
+    spec = workload.model.spec
+    by_name = {p.name: p for p in facts}
+    kv = cycle.kv.get(workload.uid)
+    waiting = (  # a service waiting for the KV pool has no gangs: show what it wants
+        {r.name: r.replicas for r in workload.served_spec().roles}
+        if isinstance(kv, kv_pool.Waiting)
+        else {}
+    )
+    roles = []
+    for role in spec.roles:
+        role_gangs = [g for g in plans if g.role == role.name]
+        ready = sum(
+            1
+            for g in role_gangs
+            if all(by_name.get(p.name) and by_name[p.name].ready for p in g.pods)
+        )
+        wanted = waiting.get(role.name, len(role_gangs))
+        roles.append(inferenceservice.RoleStatus(name=role.name, replicas=wanted, ready=ready))
+    expert_map = await write_expert_map(cycle, workload, plans, by_name, just_bound)
+    all_pods = [p for g in plans for p in g.pods]
+    bound = [_placed(p, by_name, just_bound) for p in all_pods]
+    placed = [b for b in bound if b is not None]
+    complete = len(placed) == len(all_pods) and bool(all_pods)
+    reason = first_reason(cycle, plans)
+    if isinstance(kv, kv_pool.Waiting):
+        reason = model.Reason(kv.reason.value, kv.message)
+    condition = new_condition(
+        "Ready",
+        complete and all(r.ready == r.replicas for r in roles),
+        "AllReplicasReady" if complete else (reason.code if reason else "Scheduling"),
+        (f"{len(placed)}/{len(all_pods)} pods bound" if complete or not reason else reason.message),
+        workload,
+    )
+    kvadmission.tell_kv(cycle, workload, kv)
+    status: dict[str, Any] = {
+        "observedGeneration": workload.generation,
+        "roles": [common.to_wire(r) for r in roles],
+        "roleSummary": inferenceservice.summarize_roles(roles),
+        "placement": _placement_summary(placed, cycle.supernode_of),
+        "conditions": [
+            common.to_wire(c)
+            for c in common.set_condition(conditions_of(cycle, workload), condition)
+        ],
+    }
+    if expert_map:
+        status["expertMap"] = expert_map
+    if kv is not None:
+        status["kvCache"] = kvadmission.kv_status(kv, cycle.world)
+    return status
+
+
+async def write_expert_map(
+    cycle: cyclestate.CycleState,
+    workload: Workload,
+    plans: list[gangs.Gang],
+    by_name: Mapping[str, convert.PodFacts],
+    just_bound: Mapping[model.PodKey, model.Assignment],
+) -> str | None:
+    assert isinstance(workload.model, inferenceservice.InferenceService)
+    ep_roles = {r.name: r for r in workload.model.spec.roles if r.expert_parallel}
+    if not ep_roles:
+        return None
+    name = f"{workload.name}-expert-map"
+    data: dict[str, str] = {}
+    for gang in plans:
+        role = ep_roles.get(gang.role)
+        placed = [_placed(p, by_name, just_bound) for p in gang.pods]
+        if role is None or any(p is None for p in placed):
+            continue
+        cards = {
+            p.name: tuple(sorted(pl[1]))
+            for p, pl in zip(gang.pods, placed, strict=True)
+            if pl is not None
+        }
+        mapping = gangs.expert_map(role, cards, [p.name for p in gang.pods])
+        replica = gang.pods[0].replica
+        data[f"{role.name}-{replica}.json"] = json.dumps(mapping, separators=(",", ":"))
+    content = json.dumps(data, sort_keys=True)
+    if data and cycle.memory.expert_maps.get(workload.uid) != content:
+        await cycle.act.apply_configmap(workload.namespace, name, data, workload.ref)
+        cycle.memory.expert_maps[workload.uid] = content
+    return name if data else None
+
+
+def first_reason(cycle: cyclestate.CycleState, plans: Iterable[gangs.Gang]) -> model.Reason | None:
+    return next(
+        (
+            cycle.memory.reasons[g.request.gang]
+            for g in plans
+            if g.request.gang in cycle.memory.reasons
+        ),
+        None,
+    )
+
+
+def training_status(
+    workload: Workload,
+    plans: list[gangs.Gang],
+    facts: list[convert.PodFacts],
+    just_bound: Mapping[model.PodKey, model.Assignment],
+    reasons: Mapping[str, model.Reason],
+    supernode_of: Mapping[str, str],
+    world: World,
+    conditions_now: Sequence[common.Condition] | None = None,
+    preemptions: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, Any]:
+    current = list(conditions_now) if conditions_now is not None else _conditions(workload.status)
+    if read_model.succeeded(world, workload):
+        return lifecycle.finished_status(workload, world, current)
+    by_name = {p.name: p for p in facts}
+    all_pods = [p for g in plans for p in g.pods]
+    placed = [b for p in all_pods if (b := _placed(p, by_name, just_bound)) is not None]
+    running = sum(1 for p in all_pods if p.name in by_name and by_name[p.name].phase == "Running")
+    done = sum(1 for p in all_pods if p.name in by_name and by_name[p.name].phase == "Succeeded")
+    preempted = common.find_condition(current, "Preempted")
+    complete = bool(all_pods) and len(placed) == len(all_pods)
+    if read_model.failed_reason(world, workload) is not None:
+        phase = trainingjob.Phase.FAILED
+    elif read_model.recovery_of(world, workload):
+        phase = trainingjob.Phase.RECOVERING
+    elif workload.uid in world.decisions.preempting:
+        phase = trainingjob.Phase.CHECKPOINTING  # preempted, asked to checkpoint first
+    elif complete:
+        phase = (  # ranks that finished first leave the job Running
+            trainingjob.Phase.RUNNING
+            if running and running + done == len(all_pods)
+            else trainingjob.Phase.SCHEDULED
+        )
+    elif preempted is not None and preempted.status == common.ConditionStatus.TRUE:
+        phase = trainingjob.Phase.SUSPENDED
+    else:
+        phase = trainingjob.Phase.PENDING
+    reason = next((reasons[g.request.gang] for g in plans if g.request.gang in reasons), None)
+    scheduled = new_condition(
+        "Scheduled",
+        complete,
+        "GangBound" if complete else (reason.code if reason else "Waiting"),
+        f"{len(placed)}/{len(all_pods)} pods bound" if complete or not reason else reason.message,
+        workload,
+    )
+    conditions = common.set_condition(current, scheduled)
+    if workload.uid in world.decisions.failed:  # the index may not show the Failed condition
+        code, message = world.decisions.failed[workload.uid]
+        conditions = common.set_condition(
+            conditions, new_condition("Failed", True, code, message[:32768], workload)
+        )
+    if complete and preempted is not None:
+        conditions = common.set_condition(
+            conditions,
+            new_condition("Preempted", False, "Resumed", "the gang is bound again", workload),
+        )
+    status = {
+        "observedGeneration": workload.generation,
+        "phase": phase.value,
+        "replicas": {
+            "desired": read_model.replicas_now(world, workload),
+            "bound": len(placed),
+            "running": running,
+        },
+        "placement": _placement_summary(placed, supernode_of),
+        "conditions": [common.to_wire(c) for c in conditions],
+    }
+    if preemptions:
+        status["preemptions"] = (
+            resumed(preemptions, facts) if complete else [dict(p) for p in preemptions]
+        )
+    return status
+
+
+def resumed(
+    preemptions: Sequence[Mapping[str, Any]], facts: Sequence[convert.PodFacts]
+) -> list[dict[str, Any]]:
+    """status.preemptions once the gang is bound again: the newest eviction (not a shrink) is
+    closed with when, and the step the new pods were told to restore."""
+    history = [dict(p) for p in preemptions]
+    last = history[-1]
+    if last.get("resumedAt") or last.get("replicasKept") is not None:
+        return history
+    steps = set()
+    for pod in facts:
+        try:
+            told = restore_codec.parse_restore(pod.restore)
+        except ValueError:
+            continue
+        if told is not None and told.step is not None:
+            steps.add(told.step)
+    last["resumedAt"] = clock.SYSTEM.now().isoformat().replace("+00:00", "Z")
+    if len(steps) == 1:
+        last["restoredStep"] = steps.pop()
+    return history
+
+
+def _placed(
+    plan: gangs.PodPlan,
+    by_name: Mapping[str, convert.PodFacts],
+    just_bound: Mapping[model.PodKey, model.Assignment],
+) -> tuple[str, frozenset[int]] | None:
+    """(node, cards) of a pod that is bound and stays, or being bound in this cycle."""
+    if plan.key in just_bound:
+        a = just_bound[plan.key]
+        return a.node, frozenset(a.cards)
+    facts = by_name.get(plan.name)
+    if facts and facts.node and facts.cards and not facts.deleting:
+        return facts.node, facts.cards
+    return None
+
+
+def _placement_summary(
+    placed: Sequence[tuple[str, frozenset[int]]], supernode_of: Mapping[str, str]
+) -> dict[str, Any]:
+    nodes = sorted({node for node, _ in placed})
+    supernodes = sorted({supernode_of[n] for n in nodes if n in supernode_of})
+    return common.to_wire(
+        common.PlacementStatus(
+            super_node=supernodes[0] if supernodes else None,
+            super_nodes=supernodes,
+            nodes=nodes,
+            cards=sum(len(c) for _, c in placed),
+        )
+    )
+
+
+def preemptions_of(cycle: cyclestate.CycleState, workload: Workload) -> list[dict[str, Any]]:
+    """status.preemptions as this cycle last wrote them, else as the index shows them."""
+    remembered = cycle.memory.preemptions.get(workload.uid)
+    if remembered is not None:
+        return [dict(p) for p in remembered]
+    return [dict(p) for p in workload.status.get("preemptions") or []]
+
+
+def conditions_of(cycle: cyclestate.CycleState, workload: Workload) -> list[common.Condition]:
+    """The workload's conditions as this cycle last wrote them, else as the index shows."""
+    remembered = cycle.memory.conditions.get(workload.uid)
+    return _conditions({"conditions": remembered} if remembered else workload.status)
+
+
+def _conditions(status: Mapping[str, Any]) -> list[common.Condition]:
+    return [common.Condition.model_validate(c) for c in status.get("conditions") or []]
+
+
+def new_condition(
+    type_: str, ok: bool, reason: str, message: str, workload: Workload
+) -> common.Condition:
+    return common.Condition(
+        type=type_,
+        status=common.ConditionStatus.TRUE if ok else common.ConditionStatus.FALSE,
+        reason=reason,
+        message=message,
+        last_transition_time=clock.SYSTEM.now(),
+        observed_generation=workload.generation,
+    )

@@ -1,0 +1,41 @@
+"""The kubelets' Leases on the operator's clock
+(:mod:`matrixpool.controllers.recovery.heartbeat`): when a Lease is stale, when many stale at
+once mean the API server, and how the Lease index reads one."""
+
+from __future__ import annotations
+
+import asyncio
+
+from matrixpool.controllers.recovery import heartbeat
+from matrixpool.state import indexes
+
+
+def test_many_overdue_leases_at_once_mean_the_api_server_not_the_nodes() -> None:
+    leases = {f"n{i}": (50.0 if i < 3 else 95.0, 40.0) for i in range(12)}  # a quarter overdue
+    assert heartbeat.stale_leases(leases, now=100.0) == frozenset()
+
+
+def test_lease_age_is_measured_from_when_its_renew_time_last_changed_on_the_operators_clock() -> (
+    None
+):
+    leases = heartbeat.LeaseClock()
+    fleet = {f"ok-{i}": (float(i), 40.0) for i in range(10)}
+    skewed = {**fleet, "n1": (-3600.0, 40.0)}  # the kubelet's clock is an hour behind
+    assert leases.observe(skewed, now=1000.0) == frozenset(), "a fresh start gives full grace"
+    assert leases.observe({**fleet, "n1": (-3590.0, 40.0)}, now=1010.0) == frozenset()
+    assert leases.observe({**fleet, "n1": (-3580.0, 40.0)}, now=1039.0) == frozenset()
+    renewed_fleet = {n: (r + 60.0, d) for n, (r, d) in fleet.items()}
+    silent = {**renewed_fleet, "n1": (-3580.0, 40.0)}  # n1 stops renewing at 1039
+    assert leases.observe(silent, now=1068.0) == frozenset()  # 29 s < 30 s
+    assert leases.observe(silent, now=1070.0) == {"n1"}  # 31 s without a change
+    assert leases.observe({**renewed_fleet, "n1": (-3570.0, 40.0)}, now=1071.0) == frozenset()
+    leases.observe(renewed_fleet, now=1072.0)
+    assert "n1" not in leases.seen, "a node whose Lease went is forgotten"
+
+
+def test_a_lease_index_entry_reads_renew_time_and_duration() -> None:
+    spec = {"renewTime": "2026-11-30T05:00:00.000000Z", "leaseDurationSeconds": 40}
+    [(name, (renewed, duration))] = asyncio.run(indexes.node_leases(name="n3", spec=spec)).items()
+    assert (name, duration) == ("n3", 40.0)
+    assert renewed == 1796014800.0
+    assert asyncio.run(indexes.node_leases(name="n4", spec={})) == {}
