@@ -36,6 +36,9 @@ class Recorder:
     peers: dict[str, list[str]] = field(default_factory=dict)  # daemon endpoint → told peers
     kv_quotas: dict[str, dict[str, int]] = field(default_factory=dict)  # endpoint → told quotas
     metrics: dict[str, str] = field(default_factory=dict)  # URL → the /metrics text it answers
+    held: dict[str, set[str]] = field(default_factory=dict)  # job UID → daemons holding it
+    checkpoints_deleted: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
+    credentials: list[tuple[str, str, str]] = field(default_factory=list)  # (ns, uid, component)
     scraped: list[tuple[str, ...]] = field(default_factory=list)  # the URLs of each scrape
 
     async def create_pods(self, manifests: Sequence[Mapping[str, Any]]) -> None:
@@ -134,6 +137,25 @@ class Recorder:
         if not self.healthy.get(endpoint, True):
             return False
         self.kv_quotas[endpoint] = dict(quotas)
+        return True
+
+    async def jobs_held(self, endpoints: Iterable[str]) -> dict[str, set[str]]:
+        asked = set(endpoints)
+        return {job: held & asked for job, held in self.held.items() if held & asked}
+
+    async def delete_checkpoints(self, job: str, endpoints: Iterable[str]) -> list[str]:
+        done = tuple(sorted(endpoints))
+        self.checkpoints_deleted.append((job, done))
+        self.held.pop(job, None)
+        return list(done)
+
+    async def delete_persistent(self, job: str, uri: str) -> bool:
+        return False
+
+    async def write_credential(
+        self, namespace: str, uid: str, token: str, owner: Mapping[str, Any], component: str
+    ) -> bool:
+        self.credentials.append((namespace, uid, component))
         return True
 
     async def scrape(self, urls: Sequence[str], timeout: float) -> dict[str, str | None]:

@@ -26,7 +26,7 @@ import structlog
 
 from matrixpool import api, clock, metrics
 from matrixpool.api import trainingjob
-from matrixpool.k8s import daemonclient, daemonleases
+from matrixpool.k8s import daemonleases, executor
 from matrixpool.placement import inventory
 from matrixpool.state.workloads import Workload
 
@@ -54,17 +54,24 @@ def orphans(held: set[str], live: set[str], seen_before: set[str]) -> tuple[set[
     return unknown & seen_before, unknown - seen_before
 
 
-async def sweep_once(sweeper: Sweeper, endpoints: list[str], live: set[str]) -> None:
-    held = await daemonclient.jobs_held(endpoints)
+async def sweep_once(
+    sweeper: Sweeper, endpoints: list[str], live: set[str], act: executor.Executor
+) -> None:
+    held = await act.jobs_held(endpoints)
     delete, remember = orphans(set(held), live, sweeper.orphans)
     sweeper.orphans = remember
     for job in sorted(delete):
-        done = await daemonclient.delete(job, held[job])
+        done = await act.delete_checkpoints(job, held[job])
         metrics.CHECKPOINTS_DELETED.labels("orphan").inc(len(done))
         log.info("deleted checkpoints of a job that no longer exists", job=job, daemons=done)
 
 
-def sweep(sweeper: Sweeper, nodes: list[inventory.NodeInfo], workloads: list[Workload]) -> None:
+def sweep(
+    sweeper: Sweeper,
+    nodes: list[inventory.NodeInfo],
+    workloads: list[Workload],
+    act: executor.Executor,
+) -> None:
     """Start a sweep when one is due (never two at once)."""
     now = clock.SYSTEM.monotonic()
     if not sweeper.due(now):
@@ -72,7 +79,7 @@ def sweep(sweeper: Sweeper, nodes: list[inventory.NodeInfo], workloads: list[Wor
     sweeper.last = now
     endpoints = sorted({n.endpoint for n in nodes if n.endpoint})
     live = {w.uid for w in workloads if w.kind == trainingjob.KIND}
-    sweeper.task = asyncio.create_task(sweep_once(sweeper, endpoints, live), name="ckpt-sweep")
+    sweeper.task = asyncio.create_task(sweep_once(sweeper, endpoints, live, act), name="ckpt-sweep")
 
 
 def _deleted(type: str, **_: Any) -> bool:
@@ -96,12 +103,13 @@ async def deleted_job(
     if not uid:
         return
     endpoints = sorted({a.endpoint for store in daemon_leases.values() for a in store})
-    done = await daemonclient.delete(uid, endpoints)
+    act = executor.Live()  # a kopf handler: not run by the loop, which gives the others theirs
+    done = await act.delete_checkpoints(uid, endpoints)
     metrics.CHECKPOINTS_DELETED.labels("deleted").inc(len(done))
     persistent = ((body.get("spec") or {}).get("checkpoint") or {}).get("persistent") or {}
     reclaimed = False
     if persistent.get("reclaimPolicy") == trainingjob.ReclaimPolicy.DELETE.value:
-        reclaimed = await asyncio.to_thread(daemonclient.delete_persistent, uid, persistent["uri"])
+        reclaimed = await act.delete_persistent(uid, persistent["uri"])
     log.info(
         "deleted the checkpoints of a deleted job",
         job=f"{namespace}/{name}",

@@ -20,7 +20,7 @@ import structlog
 
 from matrixpool import api
 from matrixpool.api import inferenceservice, trainingjob
-from matrixpool.k8s import daemonclient, secrets
+from matrixpool.k8s import daemonclient, executor, secrets
 
 log = structlog.get_logger(__name__)
 
@@ -65,7 +65,7 @@ async def _write(
     owner = {"apiVersion": body["apiVersion"], "kind": body["kind"], "name": name, "uid": uid}
     what = f"{body['kind']} {namespace}/{name}"
     try:
-        created = await secrets.ensure(namespace, uid, token, owner, component)
+        created = await executor.Live().write_credential(namespace, uid, token, owner, component)
     except Exception as error:  # its next event tries again
         log.warning("could not write a credential", of=what, uid=uid, error=str(error))
         return

@@ -181,7 +181,7 @@ async def one_pass(state: Controllers, read: Callable[[], world.World]) -> None:
     so the status is written after every binding cycle, even when each cycle binds again."""
     now = read()
     state.forget_replaced(now.workloads)
-    cleanup.sweep(state.sweeper, now.nodes, now.workloads)
+    cleanup.sweep(state.sweeper, now.nodes, now.workloads, state.act)
     act = state.act
     lifecycle.observe(now, act)
     await recovery.run(now, state.recoveries, act)

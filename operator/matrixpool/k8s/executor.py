@@ -4,7 +4,8 @@ ask the checkpoint daemons goes through an :class:`Executor`.
 The controllers in :mod:`matrixpool.controllers` decide from the World
 (:mod:`matrixpool.state.world`) and hand what they decided to the executor they were given:
 create, reserve, bind, annotate and delete pods, patch a status, apply a ConfigMap, record an
-Event, ask the daemons for an inventory, a heartbeat or a pin, or tell them their peers. The
+Event, write a workload's credential Secret, ask the daemons for an inventory, a heartbeat or
+a pin, tell them their peers and quotas, or delete a job's checkpoints. The
 main loop gives them :class:`Live`, which calls the API server (:mod:`matrixpool.k8s.pods`,
 :mod:`matrixpool.k8s.status`, :mod:`matrixpool.k8s.configmaps`, ``kopf.event``) and the
 daemons (:mod:`matrixpool.k8s.daemonclient`). Unit tests give them a recorder instead and assert
@@ -17,12 +18,13 @@ else the error), so the caller knows exactly what was written.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol, cast
 
 import kopf
 
-from matrixpool.k8s import configmaps, convert, daemonclient, pods
+from matrixpool.k8s import configmaps, convert, daemonclient, pods, secrets
 from matrixpool.k8s import scrape as metrics_scrape
 from matrixpool.k8s import status as k8s_status
 
@@ -111,6 +113,25 @@ class Executor(Protocol):
         """Make a daemon's KV-cache quotas exactly ``quotas`` (service UID → bytes)."""
         ...
 
+    async def jobs_held(self, endpoints: Iterable[str]) -> dict[str, set[str]]:
+        """Job UID → the endpoints of the daemons holding any of its checkpoints."""
+        ...
+
+    async def delete_checkpoints(self, job: str, endpoints: Iterable[str]) -> list[str]:
+        """Delete ``job``'s checkpoints from the daemons; the endpoints that did."""
+        ...
+
+    async def delete_persistent(self, job: str, uri: str) -> bool:
+        """Delete ``job``'s tier-3 checkpoints under ``uri``; whether any went."""
+        ...
+
+    async def write_credential(
+        self, namespace: str, uid: str, token: str, owner: Mapping[str, Any], component: str
+    ) -> bool:
+        """Create the Secret holding a workload's token (:mod:`matrixpool.k8s.secrets`);
+        whether it was created (False: it was there)."""
+        ...
+
 
 class Live:
     """The executor of a running operator: the API server and the daemons."""
@@ -178,6 +199,20 @@ class Live:
 
     async def set_kv_quotas(self, endpoint: str, quotas: Mapping[str, int]) -> bool:
         return await daemonclient.set_kv_quotas(endpoint, quotas)
+
+    async def jobs_held(self, endpoints: Iterable[str]) -> dict[str, set[str]]:
+        return await daemonclient.jobs_held(endpoints)
+
+    async def delete_checkpoints(self, job: str, endpoints: Iterable[str]) -> list[str]:
+        return await daemonclient.delete(job, endpoints)
+
+    async def delete_persistent(self, job: str, uri: str) -> bool:
+        return await asyncio.to_thread(daemonclient.delete_persistent, job, uri)
+
+    async def write_credential(
+        self, namespace: str, uid: str, token: str, owner: Mapping[str, Any], component: str
+    ) -> bool:
+        return await secrets.ensure(namespace, uid, token, owner, component)
 
 
 def facts_of(pod: Mapping[str, Any]) -> convert.PodFacts | None:

@@ -4,6 +4,7 @@ and forgetting a workload whose name now belongs to another object."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 
 import pytest
@@ -13,6 +14,7 @@ from matrixpool.k8s import daemonclient
 from matrixpool.state.workloads import Workload
 from matrixpool_recovery import manifest
 from matrixpool_recovery import restore as restore_codec
+from tests.unit.recorder import Recorder
 
 NOW = datetime.datetime(2026, 11, 30, 12, 0, tzinfo=datetime.UTC)
 
@@ -111,3 +113,20 @@ def test_the_controllers_and_the_state_keep_no_module_level_mutable_state() -> N
             )
         ]
         assert not found, f"{module.__name__} keeps module-level state: {found}"
+
+
+def test_the_sweep_deletes_through_the_executor_a_job_held_twice_that_no_trainingjob_has() -> None:
+    """The checkpoint sweep acts only through the executor it is given: the first sweep
+    remembers an unknown job, the second deletes it from the daemons holding it."""
+    act = Recorder(held={"gone-uid": {"127.0.0.1:7040"}, "live-uid": {"127.0.0.1:7040"}})
+    sweeper = cleanup.Sweeper()
+
+    async def sweep() -> None:
+        await cleanup.sweep_once(sweeper, ["127.0.0.1:7040"], {"live-uid"}, act)
+
+    asyncio.run(sweep())
+    assert act.checkpoints_deleted == [], "one look is not enough"
+    assert sweeper.orphans == {"gone-uid"}
+    asyncio.run(sweep())
+    assert act.checkpoints_deleted == [("gone-uid", ("127.0.0.1:7040",))]
+    assert act.held == {"live-uid": {"127.0.0.1:7040"}}
