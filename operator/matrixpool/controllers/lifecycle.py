@@ -64,7 +64,7 @@ def observe(world: read_model.World, act: executor.Executor) -> None:
             continue  # the recovery restarts ranks: they have not all finished this run
         if not all_ranks_succeeded(world, workload):
             continue
-        world.decisions.succeeded[workload.uid] = clock.SYSTEM.now()
+        world.decisions.succeed(workload.uid, clock.SYSTEM.now())
         size = read_model.replicas_now(world, workload)
         act.event(workload.ref, "Normal", "Succeeded", f"every rank ({size}) exited 0")
         log.info("job succeeded", job=workload.key, ranks=size)

@@ -5,18 +5,21 @@ other work; every hand-off is a type (:class:`RecoveryPlan`, :class:`Preempting`
 
 Owned by the main loop (:mod:`matrixpool.controllers.loop`), one instance for its life, shown
 to every controller through the :class:`~matrixpool.state.world.World` it reads. One writer
-per field:
+per field, each write a method of :class:`Decisions`:
 
-==============  ============================  =========================================
-field           written by                    read by
-==============  ============================  =========================================
-``recovering``  recovery (plan, finish)       scheduling (pins new pods), recovery, status
-``failed``      recovery (no level left)      scheduling (no pods), recovery, status
-``succeeded``   lifecycle (every rank         everyone: the job is finished (pods kept,
-                exited 0)                     no cards, no recovery, no time-sharing)
-``replicas``    scheduling (shrink, grow)     every ``replicas_now``
-``preempting``  scheduling (ask, then evict)  scheduling
-==============  ============================  =========================================
+==============  =================================  =========================================
+field           written by (method)                read by
+==============  =================================  =========================================
+``recovering``  recovery (``plan_recovery``,       scheduling (pins new pods), recovery,
+                ``recovered``)                     status
+``failed``      recovery (``fail``: no level left) scheduling (no pods), recovery, status
+``succeeded``   lifecycle (``succeed``: every      everyone: the job is finished (pods kept,
+                rank exited 0)                     no cards, no recovery, no time-sharing)
+``replicas``    scheduling (``resize``: shrink,    every ``replicas_now``
+                grow)
+``preempting``  scheduling (``preempt``, then      scheduling
+                ``preempted``)
+==============  =================================  =========================================
 
 An evicted TrainingJob's resume is not a decision here: its open ``status.preemptions``
 record (no ``resumedAt``) says it must resume, so an operator restarted in between still
@@ -130,6 +133,36 @@ class Decisions:
     preempting: dict[str, Preempting] = field(default_factory=dict)  # victims asked to save
     # when every rank's pod had Succeeded (status.completionTime until the API shows it)
     succeeded: dict[str, datetime.datetime] = field(default_factory=dict)
+
+    # ---- the writes, one per decision (the module's table says who calls which) ----------
+
+    def plan_recovery(self, uid: str, plan: RecoveryPlan) -> None:
+        """Recovery wrote ``plan`` to status.recovering: the scheduling cycle pins by it."""
+        self.recovering[uid] = plan
+
+    def recovered(self, uid: str) -> None:
+        """Recovery finished (status.recovering cleared, whatever the index still shows)."""
+        self.recovering[uid] = None
+
+    def fail(self, uid: str, code: str, message: str) -> None:
+        """No recovery is possible: the job fails with ``code`` and gives its cards back."""
+        self.failed[uid] = (code, message)
+
+    def resize(self, uid: str, replicas: int) -> None:
+        """An elastic job shrank or grew to ``replicas``."""
+        self.replicas[uid] = replicas
+
+    def preempt(self, uid: str, preempting: Preempting) -> None:
+        """A training victim was asked to checkpoint before it gives up its pods."""
+        self.preempting[uid] = preempting
+
+    def preempted(self, uid: str) -> None:
+        """The victim gave up its pods (or went): nothing more to wait for."""
+        self.preempting.pop(uid, None)
+
+    def succeed(self, uid: str, when: datetime.datetime) -> None:
+        """Every rank's pod Succeeded at ``when``: the job is finished for good."""
+        self.succeeded[uid] = when
 
     def forget(self, uid: str, key: str) -> None:
         """Drop what was decided for the workload ``uid`` (kept by UID only, not by ``key``)."""

@@ -114,7 +114,7 @@ async def finish(
         recorded(workload.status, record, seen=seen) | {"recovering": None},
     )
     state.recorded.add(recovery.id)
-    world.decisions.recovering[workload.uid] = None
+    world.decisions.recovered(workload.uid)
     seconds = (recovered - recovery.detected_at).total_seconds()
     level = recovery.level
     metrics.RECOVERIES.labels(level).inc()
@@ -139,7 +139,7 @@ def fail(
 ) -> None:
     """No recovery: the job fails with the reason, and gives its cards back. The scheduler
     writes it (phase and condition Failed: it owns both) in this pass's status."""
-    world.decisions.failed[workload.uid] = (failed.code, failed.reason)
+    world.decisions.fail(workload.uid, failed.code, failed.reason)
     metrics.RECOVERY_FAILURES.labels(failed.code).inc()
     act.event(workload.ref, "Warning", failed.code, failed.reason)
     log.warning("job failed", job=workload.key, reason=failed.code, message=failed.reason)

@@ -142,7 +142,7 @@ async def start(
         )
     assert isinstance(outcome, policy.Plan)  # a Failed outcome returned above
     recovery = plan_record(workload, outcome, view, found, detected).with_pinned(pinned)
-    world.decisions.recovering[workload.uid] = recovery
+    world.decisions.plan_recovery(workload.uid, recovery)
     await act.patch_status(
         trainingjob.PLURAL,
         workload.namespace,

@@ -141,7 +141,7 @@ class CycleState:
     async def set_replicas(
         self, workload: Workload, replicas: int, extra: Mapping[str, Any] | None = None
     ) -> None:
-        self.world.decisions.replicas[workload.uid] = replicas
+        self.world.decisions.resize(workload.uid, replicas)
         await self.act.patch_status(
             trainingjob.PLURAL,
             workload.namespace,

@@ -67,15 +67,18 @@ async def preempt(
             )
             await give_up(cycle, workload, pods_of, record, "")
             continue
-        cycle.world.decisions.preempting[workload.uid] = decisions.Preempting(
-            request_id,
-            by,
-            priority,
-            clock.SYSTEM.now(),
-            grace,
-            _newest(workload),
-            tuple(pods_of),
-            kept,
+        cycle.world.decisions.preempt(
+            workload.uid,
+            decisions.Preempting(
+                request_id,
+                by,
+                priority,
+                clock.SYSTEM.now(),
+                grace,
+                _newest(workload),
+                tuple(pods_of),
+                kept,
+            ),
         )
         cycle.event(
             workload,
@@ -130,7 +133,7 @@ async def finish_preemptions(cycle: cyclestate.CycleState) -> None:
     for uid, asked in list(decisions.preempting.items()):
         workload = by_uid.get(uid)
         if workload is None:
-            del decisions.preempting[uid]
+            decisions.preempted(uid)
             continue
         at, step = cycle.memory.answers.get(uid, (float("-inf"), None))
         now = clock.SYSTEM.monotonic()
@@ -146,7 +149,7 @@ async def finish_preemptions(cycle: cyclestate.CycleState) -> None:
             if answered
             else f"checkpoint not answered within {asked.grace:g} s (newest step {step})"
         )
-        del decisions.preempting[uid]
+        decisions.preempted(uid)
         cycle.memory.answers.pop(uid, None)
         record = trainingjob.Preemption(
             by=asked.by,
