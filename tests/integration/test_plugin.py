@@ -16,7 +16,7 @@ import pytest
 from matrixpool.kubectl import render
 from matrixpool.kubectl.report import Owner
 from tests.integration import framework, manifests
-from tests.unit.test_plugin_render import colour_counts, decode_png
+from tests.unit.kubectl.test_render import colour_counts, decode_png
 
 PLUGIN = Path(sys.executable).parent / "kubectl-matrixpool"
 NODES_PER_SUPERNODE = 48

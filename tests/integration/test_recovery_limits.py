@@ -20,7 +20,7 @@ import pytest
 from matrixpool.api import common, trainingjob
 from matrixpool.controllers.recovery import carry_out
 from tests.integration import framework, manifests
-from tests.unit.test_recovery_limits import reschedule_plan
+from tests.unit.controllers.recovery.test_limits import reschedule_plan
 
 pytestmark = pytest.mark.integration
 
