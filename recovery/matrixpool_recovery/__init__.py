@@ -26,6 +26,10 @@ Errors (``errors``)::
     ├── NoCheckpointError         no step committed for every rank, or no valid copy left
     ├── PolicyInputError          (policy) a fault or job view that contradicts itself
     └── TierWriteError            a save failed on some tiers while the others carry on
+
+What may be written here: what runs in a training image or on a node (the trainer client,
+the daemon, the tiers, the recovery policy, the restore annotation's codec). It never imports
+the operator (``matrixpool``: an import-linter contract).
 """
 
 from typing import TYPE_CHECKING, Any

@@ -10,6 +10,9 @@ CRD templates. Callers import modules, not names::
 
 Imports neither kopf nor a Kubernetes client; this ``__init__`` imports nothing at all so the
 constants below are cheap to reach from anywhere.
+
+What may be written here: the wire models, their validation (OpenAPI bounds, CEL rules) and
+the names on the wire. No behaviour beyond parsing and defaults.
 """
 
 GROUP = "matrixpool.dev"

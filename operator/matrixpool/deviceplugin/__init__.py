@@ -22,4 +22,7 @@ Modules, callers first::
 Errors: none of its own. The API's and gRPC's are logged where they happen and answered by
 falling back on the kubelet's choice of devices (pairing) or by retrying (registration, the
 node watch).
+
+What may be written here: what a kubelet device plugin does on one node. It imports no
+controller and no operator state.
 """

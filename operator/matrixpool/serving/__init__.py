@@ -9,4 +9,7 @@ Pure code, no kopf and no Kubernetes client (import-linter enforces it):
   matrixpool image's serving entry point (``python -m matrixpool.serving``);
 - ``workload`` and ``loadgen``: a day's requests as data, and a client that sends them;
 - ``estimator``: from load factors to the prefill and decode replicas an SLO needs.
+
+What may be written here: the serving engine, its latency model and the sizing rules, as
+functions of their inputs and of explicit time. No kopf, no Kubernetes client.
 """

@@ -16,4 +16,7 @@ Errors::
 
     ValueError
       └── model.ConfigError   a field of the YAML file is missing, unknown or out of range
+
+What may be written here: the model of time and faults around the operator's own decision
+code, never a second copy of a decision.
 """
