@@ -136,3 +136,22 @@ def job(
 def held(job: str, step: int, rank: int, node: str, tier: str = "memory") -> manifest.Holding:
     """A shard of ``job`` (its UID) at ``step`` for ``rank``, held by ``node``'s daemon."""
     return manifest.Holding(job, rank, step, tier, 8, "crc32:0", node, node, 1)
+
+
+def spare_swap_plan(restore: str, *, cards: str | None = None) -> dict[str, Any]:
+    """``status.recovering`` of job ``a`` whose rank 1 moves from the lost n1 to the spare n2,
+    every rank restoring ``restore`` (with ``cards``, its new pod is reserved on them)."""
+    plan: dict[str, Any] = {
+        "id": "r1-abc",
+        "level": "SpareSwap",
+        "cause": "NodeDown on n1",
+        "restoredStep": 6,
+        "lostSteps": 0,
+        "detectedAt": "2026-11-30T10:00:00Z",
+        "targets": {"1": "n2"},
+        "restore": {"0-1": restore},
+        "pinned": [],
+    }
+    if cards is not None:
+        plan["cards"] = {"1": cards}
+    return plan

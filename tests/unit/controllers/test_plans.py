@@ -30,7 +30,7 @@ from matrixpool.state import world
 from matrixpool.state.workloads import Workload
 from matrixpool_recovery import restore as restore_codec
 from tests.unit.recorder import Recorder
-from tests.unit.worlds import endpoint, fixed_world, held, index, job, pod, running
+from tests.unit.worlds import endpoint, fixed_world, held, index, job, pod, running, spare_swap_plan
 
 # ---- the scheduling cycle --------------------------------------------------------------------
 # (the cases of one run, world in → end state out: tests/unit/controllers/scheduling/test_cycle.py)
@@ -209,17 +209,7 @@ def test_a_rank_on_a_node_whose_kubelet_went_silent_is_deleted_without_grace() -
     Found on a real node whose kubelet was stopped (tests/realnodes)."""
     executor = Recorder()
     value = restore_codec.restore_value(6, [], "r1-abc", incarnation=9, of=1)
-    plan = {
-        "id": "r1-abc",
-        "level": "SpareSwap",
-        "cause": "NodeDown on n1",
-        "restoredStep": 6,
-        "lostSteps": 0,
-        "detectedAt": "2026-11-30T10:00:00Z",
-        "targets": {"1": "n2"},
-        "restore": {"0-1": value},
-        "pinned": [],
-    }
+    plan = spare_swap_plan(value)
     a = job("a", 2, checkpoint=True, status={"recovering": plan})
     pods = running("a", 2)
     pods[1] = dataclasses.replace(pods[1], deleting=True)  # deleted with grace, never finished

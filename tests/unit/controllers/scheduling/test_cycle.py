@@ -21,7 +21,7 @@ from matrixpool.state import world
 from matrixpool.state.workloads import Workload
 from matrixpool_recovery import restore as restore_codec
 from tests.unit.recorder import SET, EndState, Recorder
-from tests.unit.worlds import fixed_world, index, job, pod, running
+from tests.unit.worlds import fixed_world, index, job, pod, running, spare_swap_plan
 
 ALL = "0-7"  # every card of a node
 CHECKPOINT_REQUEST = [labels.CHECKPOINT_REQUEST]
@@ -115,18 +115,7 @@ def evicted_job_bound_again() -> world.World:
 def recovering_job() -> world.World:
     """Rank 1 of ``a`` was on n1, which went down: recovery moves it to the spare n2."""
     told = restore_codec.restore_value(6, [], "r1-abc", incarnation=9, of=1)
-    plan = {
-        "id": "r1-abc",
-        "level": "SpareSwap",
-        "cause": "NodeDown on n1",
-        "restoredStep": 6,
-        "lostSteps": 0,
-        "detectedAt": "2026-11-30T10:00:00Z",
-        "targets": {"1": "n2"},
-        "cards": {"1": "0,1,2,3,4,5,6,7"},
-        "restore": {"0-1": told},
-        "pinned": [],
-    }
+    plan = spare_swap_plan(told, cards="0,1,2,3,4,5,6,7")
     a = job("a", 2, checkpoint=True, status={"recovering": plan})
     return fixed_world(index(*running("a", 1)), [a], spares=1, down=frozenset({"n1"}))
 
