@@ -64,7 +64,8 @@ image: venv
 real-nodes: venv binaries
 	$(BIN)/pytest tests/realnodes -q --durations=5
 
-# The PyTorch trainer (Debian's python3-torch, CPU) against real checkpoint daemons.
+# The PyTorch trainer and matrixpool_recovery.torch (DCP) against real checkpoint daemons:
+# .venv-torch with PyPI's torch 2.15.0 (wheels cached in ~/.cache/matrixpool/wheels), on CPU.
 torch: venv
 	tools/torch-venv.sh
 	.venv-torch/bin/pytest tests/torch -q
