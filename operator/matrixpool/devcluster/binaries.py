@@ -1,8 +1,10 @@
-"""Finds or builds the control-plane binaries (etcd, kube-*, kwok, helm).
+"""Finds or builds the local cluster's binaries (etcd, kube-*, kubelet, kube-proxy, kwok, helm,
+CoreDNS, pause).
 
-``tools/k8s/build.sh`` builds them from Go modules pinned in ``tools/k8s/versions.env`` into
-``~/.cache/matrixpool/bin/<versions-hash>/`` and prints that folder last; a complete folder is
-reused at once. ``MATRIXPOOL_BIN_DIR`` points at a prebuilt folder instead.
+``tools/k8s/build.sh`` builds each from the Go modules pinned in ``tools/k8s/versions.env``, once
+per recipe (``~/.cache/matrixpool/bin/by-recipe/``), links the current ones into
+``~/.cache/matrixpool/bin/<set-hash>/`` and prints that folder last; a complete folder is reused
+at once. ``MATRIXPOOL_BIN_DIR`` points at a prebuilt folder instead.
 """
 
 from __future__ import annotations
@@ -12,7 +14,15 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-REQUIRED = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "helm")
+REQUIRED = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+    "helm",
+    "coredns",
+)
 
 
 class BuildError(RuntimeError):
