@@ -26,6 +26,8 @@ Restoring: the step is the newest committed for every rank across the sources th
 reach (the node's daemon, the peers, the persistent URI); this rank's shard is read from the
 fastest of them, local memory, peer memory, local disk, peer disk, then the persistent URI,
 verifying the checksum and falling to the next source on a corrupt, partial or missing copy.
+``Checkpointer.copies`` is that look at the sources, for a reader of any rank's shard (the DCP
+reader of ``matrixpool_recovery.torch`` reads the shards other ranks saved).
 
 ``Checkpointer.from_env`` reads what the operator puts in the pod: MATRIXPOOL_JOB,
 MATRIXPOOL_RANK, MATRIXPOOL_WORLD_SIZE, MATRIXPOOL_CKPT_DAEMON (host:port),
@@ -36,6 +38,7 @@ MATRIXPOOL_CHECKPOINT (the job's spec.checkpoint as JSON).
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import logging
 import mmap
@@ -45,10 +48,10 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -61,6 +64,7 @@ SOURCE_ORDER = ("memory", "peer", "local", "peer-local", "persistent")  # fastes
 MAPS_KEPT = 3  # daemon buffers kept mapped: one being written, two kept steps it cycles through
 COMMITTED_REFRESH = 2.0  # seconds between two computations of the committed step
 READ_ERRORS = (errors.CheckpointError, OSError, http.client.HTTPException, ValueError)
+T = TypeVar("T")
 
 
 @dataclass
@@ -200,14 +204,21 @@ class Checkpointer:
     # --- saving ---
 
     def save(
-        self, step: int, state: Mapping[str, Any], *, tiers: Sequence[str] | None = None
+        self,
+        step: int,
+        state: Mapping[str, Any],
+        *,
+        tiers: Sequence[str] | None = None,
+        borrow: bool = False,
     ) -> SaveHandle:
         """Capture the state and return; copying and writing go on in the background.
 
         `tiers` overrides the cadence (e.g. every tier for a checkpoint the operator asked
         for). Until ``wait_staged`` returns, NumPy arrays of the state are read-only; tensors
         may change as soon as ``save`` returns (their bytes were copied or are being copied on
-        a stream ordered before the trainer's next kernels).
+        a stream ordered before the trainer's next kernels). `borrow`: CPU tensors are not
+        copied either; the caller leaves them unchanged until the handle is staged (a state
+        that is already a staged copy, as a DCP writer's is).
         """
         names.step(step)
         chosen = tuple(tiers) if tiers is not None else self.spec.due(step)
@@ -221,7 +232,8 @@ class Checkpointer:
         self.wait_staged()
         self._handles = [h for h in self._handles if not h.done.is_set() or h.failures]
         self._handles.append(handle)
-        self._queue.put(_Save(handle, self._stager.capture(self.job, self.rank, step, state)))
+        captured = self._stager.capture(self.job, self.rank, step, state, borrow=borrow)
+        self._queue.put(_Save(handle, captured))
         self._ensure_thread()
         if not self.background_staging:
             handle.wait_staged()
@@ -411,9 +423,15 @@ class Checkpointer:
 
     # --- restoring ---
 
+    def copies(self, also: Sequence[str] = ()) -> Copies:
+        """Every copy of this job held now by the node's daemon, the daemons `also` names (a
+        restore annotation's ``from``), the peers and the persistent URI."""
+        sources = self._sources(also=also)
+        return Copies(self, tuple(sources), tuple(self._unreachable))
+
     def latest(self) -> int | None:
         """The newest step committed for every rank on any tier that can be reached."""
-        return manifest.newest_complete([s.holding for s in self._sources()], self.world_size)
+        return self.copies().newest()
 
     def committed(self) -> dict[str, int | None]:
         """Per tier, the newest step committed for every rank."""
@@ -435,59 +453,23 @@ class Checkpointer:
         `into` maps names to arrays or tensors to fill in place (a model's own tensors).
         """
         self._drain()
-        sources = self._sources()
-        candidates = self._candidates(sources, step, incarnation)
+        copies = self.copies()
+        candidates = copies.candidates(step, incarnation)
         if not candidates:
-            lost = "; ".join(self._unreachable) or "none"
+            lost = "; ".join(copies.unreachable) or "none"
             asked = "no step is committed for every rank" if step is None else f"no step {step}"
             raise errors.NoCheckpointError(f"{self.job}: {asked} (unreachable daemons: {lost})")
         failures: list[str] = []
         for point in candidates:
-            restored = self._restore_point(sources, point, into, failures)
-            if restored is not None:
+            found = copies.first_valid(self.rank, point, _state_of(into), failures)
+            if found is not None:
+                state, source = found
                 self.base = point.step
-                return restored
+                return Restored(point.step, state, source, tuple(failures), point.incarnation)
         raise errors.NoCheckpointError(
             f"{self.job}: no valid copy of rank {self.rank} at step "
             f"{', '.join(str(p.step) for p in candidates)} ({'; '.join(failures) or 'none held'})"
         )
-
-    def _candidates(
-        self, sources: Sequence[_Source], step: int | None, incarnation: int | None
-    ) -> list[manifest.Point]:
-        """Steps to try, newest first: every committed one, or the one asked for."""
-        found = [s.holding for s in sources]
-        if step is None:
-            return manifest.complete_points(found, self.world_size)
-        if incarnation is not None:
-            return [manifest.Point(incarnation, step)]
-        runs = {h.incarnation for h in manifest.timeline(found) if h.step == step}
-        return [manifest.Point(max(runs), step)] if runs else []
-
-    def _restore_point(
-        self,
-        sources: Sequence[_Source],
-        point: manifest.Point,
-        into: Mapping[str, Any] | None,
-        failures: list[str],
-    ) -> Restored | None:
-        mine = [
-            s
-            for s in sources
-            if s.holding.rank == self.rank
-            and manifest.Point(s.holding.incarnation, s.holding.step) == point
-        ]
-        mine.sort(key=lambda s: (SOURCE_ORDER.index(s.kind), s.rank_of_peer))
-        if not mine:
-            failures.append(f"step {point.step}: no source holds rank {self.rank}")
-        for source in mine:
-            try:
-                state = self._fetch(source, into)
-                return Restored(point.step, state, source.name, tuple(failures), point.incarnation)
-            except READ_ERRORS as err:
-                log.warning("restore from %s failed, trying the next source: %s", source.name, err)
-                failures.append(f"step {point.step} {source.name}: {err}")
-        return None
 
     def _drain(self) -> None:
         for handle in self._handles:
@@ -502,12 +484,16 @@ class Checkpointer:
                 return []
         return self._peers
 
-    def _sources(self, persistent: bool = True) -> list[_Source]:
+    def _sources(self, persistent: bool = True, also: Sequence[str] = ()) -> list[_Source]:
         """Every copy the reachable daemons (and the persistent URI) hold of this job."""
         found: list[_Source] = []
         self._unreachable = []
-        daemons = [(self.daemon, 0)] + [(p, i + 1) for i, p in enumerate(self._peer_endpoints())]
-        for endpoint, order in daemons:
+        others = [wire.Endpoint(a, self.daemon.token) for a in also] + self._peer_endpoints()
+        daemons = [self.daemon]
+        for endpoint in others:
+            if endpoint.address not in {d.address for d in daemons}:
+                daemons.append(endpoint)
+        for order, endpoint in enumerate(daemons):
             for holding in self._inventory(endpoint):
                 if holding.tier not in (MEMORY, LOCAL):
                     continue  # a daemon serves tiers 1 and 2; tier 3 is read from its URI
@@ -530,26 +516,31 @@ class Checkpointer:
             return []
         return [manifest.Holding.from_json(s) for s in answer["shards"]]
 
-    def _fetch(self, source: _Source, into: Mapping[str, Any] | None) -> dict[str, Any]:
+    @contextlib.contextmanager
+    def _open(self, source: _Source) -> Iterator[Stream]:
+        """The bytes of the shard a source holds (any rank's), from its file when this process
+        can open it (tier 3, or the node daemon's memory), else downloaded from its daemon."""
         holding = source.holding
         if source.endpoint is None:
             _, path = files.Persistent(str(self.spec.persistent_uri), keep=1).locate(
-                self.job, self.rank, holding.step
+                self.job, holding.rank, holding.step
             )
-            return _read_file(path, holding, into)
+            with _opened(path, holding) as stream:
+                yield stream
+            return
         if source.kind == "memory" and self._is_colocated():
-            where = wire.shard_path(self.job, self.rank, holding.step, "path")
-            return _read_file(
-                Path(wire.request(source.endpoint, "GET", where)["path"]), holding, into
-            )
+            where = wire.shard_path(self.job, holding.rank, holding.step, "path")
+            path = Path(wire.request(source.endpoint, "GET", where)["path"])
+            with _opened(path, holding) as stream:
+                yield stream
+            return
         tier = MEMORY if source.kind in ("memory", "peer") else LOCAL
-        where = wire.shard_path(self.job, self.rank, holding.step, "shard", tier=tier)
+        where = wire.shard_path(self.job, holding.rank, holding.step, "shard", tier=tier)
         download = wire.get_shard(source.endpoint, where)
         try:
-            _, state = staging.read_shard(download.read_into, download.size, holding.checksum, into)
+            yield Stream(download.read_into, download.size, holding.checksum)
         finally:
             download.close()
-        return state
 
     def close(self) -> None:
         """Finish the saves in flight, stop the thread, unmap the daemon's buffers."""
@@ -568,17 +559,96 @@ class Checkpointer:
         self.close()
 
 
-def _header_name(key: str) -> str:
-    """worldSize -> World-Size: the daemon reads upload options from these headers."""
-    return re.sub(r"([A-Z])", r"-\1", key).title()
+@dataclass(frozen=True)
+class Stream:
+    """A shard being read from one source."""
+
+    read_into: staging.ReadInto  # fills a buffer, returns the bytes read (0 at the end)
+    size: int  # bytes the source holds
+    checksum: str  # what the manifest recorded: every byte read must match it
 
 
-def _read_file(
-    path: Path, holding: manifest.Holding, into: Mapping[str, Any] | None
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Copies:
+    """The copies of one job that a rank's sources held at one look, and reads of any rank's
+    shard from the fastest valid copy: ``Checkpointer.restore`` reads its own rank's, a reader
+    of resharded state (``matrixpool_recovery.torch``) other ranks' too."""
+
+    checkpointer: Checkpointer  # whose daemon, peers, token and tier-3 URI
+    sources: tuple[_Source, ...]  # every copy found, of every rank
+    unreachable: tuple[str, ...]  # daemons that did not answer
+
+    def newest(self) -> int | None:
+        """The newest step committed for every rank, on any tier."""
+        found = [s.holding for s in self.sources]
+        return manifest.newest_complete(found, self.checkpointer.world_size)
+
+    def candidates(self, step: int | None, incarnation: int | None) -> list[manifest.Point]:
+        """Steps to try, newest first: every committed one, or the one asked for (written by
+        `incarnation`, else by the newest run holding it on the newest timeline)."""
+        found = [s.holding for s in self.sources]
+        if step is None:
+            return manifest.complete_points(found, self.checkpointer.world_size)
+        if incarnation is not None:
+            return [manifest.Point(incarnation, step)]
+        runs = {h.incarnation for h in manifest.timeline(found) if h.step == step}
+        return [manifest.Point(max(runs), step)] if runs else []
+
+    def first_valid(
+        self, rank: int, point: manifest.Point, use: Callable[[Stream], T], failures: list[str]
+    ) -> tuple[T, str] | None:
+        """What `use` makes of the first copy of `rank`'s shard at `point` it reads without an
+        error, fastest source first, and the source's name; None when none is left (the
+        reasons appended to `failures`)."""
+        held = [
+            s
+            for s in self.sources
+            if s.holding.rank == rank
+            and manifest.Point(s.holding.incarnation, s.holding.step) == point
+        ]
+        held.sort(key=lambda s: (SOURCE_ORDER.index(s.kind), s.rank_of_peer))
+        if not held:
+            failures.append(f"step {point.step}: no source holds rank {rank}")
+        for source in held:
+            try:
+                with self.checkpointer._open(source) as stream:
+                    return use(stream), source.name
+            except READ_ERRORS as err:
+                log.warning("reading from %s failed, trying the next source: %s", source.name, err)
+                failures.append(f"step {point.step} {source.name}: {err}")
+        return None
+
+    def read(self, rank: int, point: manifest.Point, use: Callable[[Stream], T]) -> tuple[T, str]:
+        """As ``first_valid``; NoCheckpointError naming the step and the rank when no copy of
+        its shard can be read."""
+        failures: list[str] = []
+        found = self.first_valid(rank, point, use, failures)
+        if found is None:
+            raise errors.NoCheckpointError(
+                f"{self.checkpointer.job}: no valid copy of rank {rank} at step {point.step} "
+                f"of incarnation {point.incarnation} ({'; '.join(failures)})"
+            )
+        return found
+
+
+def _state_of(into: Mapping[str, Any] | None) -> Callable[[Stream], dict[str, Any]]:
+    """Reads a whole shard, verified, into a state (filling `into`'s arrays and tensors)."""
+
+    def read(stream: Stream) -> dict[str, Any]:
+        return staging.read_shard(stream.read_into, stream.size, stream.checksum, into)[1]
+
+    return read
+
+
+@contextlib.contextmanager
+def _opened(path: Path, holding: manifest.Holding) -> Iterator[Stream]:
     with open(path, "rb", buffering=0) as file:
         size = os.fstat(file.fileno()).st_size
         if size != holding.size:
             raise errors.IntegrityError(f"{path} is {size} bytes, its manifest says {holding.size}")
-        _, state = staging.read_shard(file.readinto, size, holding.checksum, into)
-    return state
+        yield Stream(file.readinto, size, holding.checksum)
+
+
+def _header_name(key: str) -> str:
+    """worldSize -> World-Size: the daemon reads upload options from these headers."""
+    return re.sub(r"([A-Z])", r"-\1", key).title()

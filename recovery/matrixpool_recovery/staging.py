@@ -8,7 +8,9 @@ Called by the trainer client (``client.Checkpointer``) and by the GPU benchmark.
   - NumPy arrays are not copied: they are made read-only until their bytes are copied, so a
     trainer that writes too early gets an error instead of a torn checkpoint;
   - CPU tensors cannot be made read-only (an optimizer step writes them in place), so they
-    are copied at once into host buffers allocated once per value and reused by every save;
+    are copied at once into host buffers allocated once per value and reused by every save,
+    unless the caller lends them (``borrow``: a state that is already a staged copy, which
+    nobody writes until the capture is written);
   - tensors on an accelerator (CUDA, Ascend NPU through torch_npu, any device whose torch
     module has streams: ``device_module``) are copied on a side stream of their device into
     pinned host buffers, reused likewise (never a pageable copy); ``Captured.ready`` waits
@@ -18,6 +20,8 @@ Called by the trainer client (``client.Checkpointer``) and by the GPU benchmark.
 * ``read_shard`` fills a state from a stream of shard bytes, hashing as it reads, into the
   caller's arrays and tensors when given (``into``: a tensor on a device is filled there once
   its bytes are verified) or into one fresh buffer the arrays are views of.
+* ``read_entry`` reads one entry's bytes from the start of a shard and no further: unverified
+  (the shard's checksum covers all of it), for an entry that carries a checksum of its own.
 
 torch is optional: it is never imported to save (a tensor can only come from a trainer that
 imported it) and imported to restore only when a shard holds tensors.
@@ -105,14 +109,18 @@ class Stager:
         self._buffers: dict[tuple[str, int, bool], Any] = {}  # (name, bytes, pinned) -> uint8
         self._streams: dict[Any, Any] = {}  # device -> side stream
 
-    def capture(self, job: str, rank: int, step: int, state: Mapping[str, Any]) -> Captured:
+    def capture(
+        self, job: str, rank: int, step: int, state: Mapping[str, Any], *, borrow: bool = False
+    ) -> Captured:
+        """Hold `state` for writing. `borrow`: CPU tensors are viewed, not copied (the caller
+        leaves them alone until the capture is written)."""
         described: list[tuple[str, str, str, tuple[int, ...], int]] = []
         captured = Captured(shard.plan(job, rank, step, []), [])
         used: dict[tuple[str, int, bool], Any] = {}
         for name, value in state.items():
             if not isinstance(name, str):
                 raise TypeError(f"state keys must be str, not {type(name).__name__}")
-            kind, dtype, shape, view = self._host_view(name, value, captured, used)
+            kind, dtype, shape, view = self._host_view(name, value, captured, used, borrow)
             described.append((name, kind, dtype, shape, view.nbytes))
             captured.views.append(view)
         self._buffers = used  # values no longer saved give their buffers up
@@ -120,7 +128,12 @@ class Stager:
         return captured
 
     def _host_view(
-        self, name: str, value: Any, captured: Captured, used: dict[tuple[str, int, bool], Any]
+        self,
+        name: str,
+        value: Any,
+        captured: Captured,
+        used: dict[tuple[str, int, bool], Any],
+        borrow: bool,
     ) -> tuple[str, str, tuple[int, ...], Bytes]:
         if isinstance(value, bytes | bytearray | memoryview):
             data = bytes(value) if not isinstance(value, bytes) else value
@@ -130,14 +143,21 @@ class Stager:
         if isinstance(value, np.ndarray):
             return "numpy", value.dtype.str, value.shape, _guard(value, captured)
         if is_tensor(value):
-            view = self._tensor(name, value, captured, used)
+            view = self._tensor(name, value, captured, used, borrow)
             return "torch", str(value.dtype), tuple(value.shape), view
         raise TypeError(f"state[{name!r}]: bytes, NumPy arrays or torch tensors, not {type(value)}")
 
     def _tensor(
-        self, name: str, tensor: Any, captured: Captured, used: dict[tuple[str, int, bool], Any]
+        self,
+        name: str,
+        tensor: Any,
+        captured: Captured,
+        used: dict[tuple[str, int, bool], Any],
+        borrow: bool,
     ) -> Bytes:
         flat = tensor.detach().contiguous().reshape(-1).view(_torch().uint8)
+        if flat.device.type == "cpu" and borrow:
+            return np.asarray(flat.numpy())  # the array keeps the tensor (or its copy) alive
         if flat.device.type == "cpu":
             host = self._buffer(name, flat.numel(), False, used)
             host.copy_(flat)  # the trainer may write the tensor as soon as save() returns
@@ -241,6 +261,20 @@ def read_shard(
     checksum.verify(expected, running, f"shard {layout.job}/{layout.rank}/{layout.step}")
     _finish_torch(layout, targets, state, into)
     return layout, state
+
+
+def read_entry(read_into: ReadInto, name: str) -> bytes:
+    """The bytes of entry `name`, read from the start of a shard up to its end (unverified)."""
+    running = checksum.Running()  # unused: the shard's checksum needs every byte
+    prefix = _read_exactly(read_into, shard.PREFIX, running)
+    header = _read_exactly(read_into, shard.header_length(prefix), running)
+    layout = shard.parse(prefix, header)
+    entry = next((e for e in layout.entries if e.name == name), None)
+    if entry is None:
+        raise errors.IntegrityError(f"shard {layout.job}/{layout.rank}/{layout.step} has no {name}")
+    start = layout.payload_start + entry.offset
+    _skip(read_into, shard.PREFIX + len(header), start, running)
+    return _read_exactly(read_into, entry.nbytes, running)
 
 
 def _read_exactly(read_into: ReadInto, count: int, running: checksum.Running) -> bytes:
