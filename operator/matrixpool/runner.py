@@ -25,7 +25,11 @@ def run(
     metrics_port: int = 0,
 ) -> None:
     logs.configure()
-    from matrixpool.controllers import credentials, loop  # noqa: F401 -- registers every handler
+    from matrixpool.controllers import (  # noqa: F401 -- registers every handler
+        credentials,
+        jobservice,
+        loop,
+    )
 
     metrics.serve(metrics_port)
 

@@ -183,6 +183,14 @@ INVALID: list[tuple[str, str, Change, tuple[str, ...]]] = [
     ("a name longer than a label value is rejected", "SuperNode",
      setting("metadata.name", "sn-" + "x" * 61), ("metadata.name",)),
     # TrainingJob
+    ("a job name that cannot name its Service is rejected", "TrainingJob",
+     setting("metadata.name", "7b-llm"), ("metadata.name must be a DNS-1035 label",)),
+    ("a job name too long for its pods' hostnames is rejected", "TrainingJob",
+     setting("metadata.name", "x" * 57), ("metadata.name must be a DNS-1035 label",)),
+    ("a rendezvous port of 0 is rejected", "TrainingJob",
+     setting("spec.rendezvous", {"port": 0}), ("spec.rendezvous.port",)),
+    ("zero processes per replica are rejected", "TrainingJob",
+     setting("spec.rendezvous", {"procsPerReplica": 0}), ("spec.rendezvous.procsPerReplica",)),
     ("zero replicas are rejected", "TrainingJob",
      setting("spec.replicas", 0), ("spec.replicas",)),
     ("a job without replicas is rejected", "TrainingJob",
@@ -422,4 +430,5 @@ def test_defaults_are_filled_in_by_the_api_server(
         "maxRecoveries": 10,
         "levels": ["InPlace", "SpareSwap", "Reschedule"],
     }
+    assert spec["rendezvous"] == {"port": 29500, "procsPerReplica": 1}
     assert "minReplicas" not in spec  # defaulted to replicas by the model, not the CRD

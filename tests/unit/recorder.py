@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from matrixpool.api import labels
-from matrixpool.k8s import convert, daemonclient, executor, pods
+from matrixpool.k8s import convert, daemonclient, executor, pods, services
 
 
 @dataclass
@@ -27,6 +27,7 @@ class Recorder:
     statuses: list[dict[str, Any]] = field(default_factory=list)  # {"name": …, **patch}
     cluster_statuses: list[dict[str, Any]] = field(default_factory=list)
     configmaps: dict[str, dict[str, str]] = field(default_factory=dict)
+    configmap_writes: int = 0
     events: list[tuple[str, str, str, str]] = field(default_factory=list)  # name, type, reason, msg
     # the daemons: job UID → what they hold; node → whether its daemon answers
     inventories: dict[str, daemonclient.Inventory] = field(default_factory=dict)
@@ -40,6 +41,7 @@ class Recorder:
     checkpoints_deleted: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
     credentials: list[tuple[str, str, str]] = field(default_factory=list)  # (ns, uid, component)
     scraped: list[tuple[str, ...]] = field(default_factory=list)  # the URLs of each scrape
+    services: list[tuple[str, str, str]] = field(default_factory=list)  # (ns, name, job UID)
 
     async def create_pods(self, manifests: Sequence[Mapping[str, Any]]) -> None:
         self.created += [dict(m) for m in manifests]
@@ -100,6 +102,7 @@ class Recorder:
         self, namespace: str, name: str, data: Mapping[str, str], owner: Mapping[str, Any]
     ) -> None:
         self.configmaps[f"{namespace}/{name}"] = dict(data)
+        self.configmap_writes += 1
 
     def event(self, ref: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
         self.events.append((str(ref["metadata"]["name"]), kind, reason, message))
@@ -157,6 +160,12 @@ class Recorder:
     ) -> bool:
         self.credentials.append((namespace, uid, component))
         return True
+
+    async def write_service(
+        self, namespace: str, name: str, uid: str, owner: Mapping[str, Any]
+    ) -> services.Outcome:
+        self.services.append((namespace, name, uid))
+        return services.Outcome.CREATED
 
     async def scrape(self, urls: Sequence[str], timeout: float) -> dict[str, str | None]:
         """What the test set for each URL; a URL it did not set does not answer."""

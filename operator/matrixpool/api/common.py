@@ -283,6 +283,7 @@ class Resource:
     printer_columns: tuple[PrinterColumn, ...]  # `kubectl get` columns, Age added last
     description: str  # top-level description of the kind
     selectable_fields: tuple[str, ...] = ()  # JSONPaths usable in field selectors
+    name_rules: tuple[JsonDict, ...] = ()  # CEL rules on metadata.name (the object's root)
 
     @property
     def singular(self) -> str:

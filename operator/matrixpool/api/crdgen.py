@@ -146,8 +146,9 @@ def _infer_type(node: Mapping[str, Any]) -> str:
 
 # --- 4: the CRD -----------------------------------------------------------------------------------
 def object_schema(resource: common.Resource) -> dict[str, Any]:
-    """openAPIV3Schema of a kind: the envelope plus the derived spec and status schemas."""
-    return {
+    """openAPIV3Schema of a kind: the envelope plus the derived spec and status schemas, and
+    the kind's rules on its name (CEL at the root: the only place that sees metadata.name)."""
+    schema: dict[str, Any] = {
         "description": resource.description,
         "type": "object",
         "required": ["spec"],
@@ -162,6 +163,9 @@ def object_schema(resource: common.Resource) -> dict[str, Any]:
             "status": structural(resource.status.model_json_schema()),
         },
     }
+    if resource.name_rules:
+        schema["x-kubernetes-validations"] = list(resource.name_rules)
+    return schema
 
 
 def crd(

@@ -28,6 +28,7 @@ KIND = _P + "kind"  # pod label: kind of the owner, "TrainingJob" or "InferenceS
 ROLE = _P + "role"  # pod label: InferenceService role name ("trainer" for training pods)
 REPLICA = _P + "replica"  # pod label: replica (instance) index within an inference role
 RANK = _P + "rank"  # pod label: rank of the pod within its gang, "0".."n-1"
+JOB_UID = _P + "job-uid"  # pod label: the owner's UID (a TrainingJob's Service selects on it)
 
 # --- pod annotations -----------------------------------------------------------------------
 CARDS = _P + "cards"  # pod annotation: "0,1,2,3", the cards bound to the pod on its node
@@ -75,6 +76,19 @@ def kv_secret(service_uid: str) -> str:
 def credential_secret(job_uid: str) -> str:
     """The name of the Secret holding a TrainingJob's checkpoint token."""
     return f"{CREDENTIAL_SECRET_PREFIX}{job_uid}"
+
+
+# --- torchrun's environment and the HCCL rank table (docs/pytorch.md) ------------------------
+CLUSTER_DOMAIN = "cluster.local"  # DNS domain (operator env MATRIXPOOL_CLUSTER_DOMAIN)
+RANK_TABLE_KEY = "hccl.json"  # the rank table's key in its ConfigMap, its file name in the pod
+RANK_TABLE_MOUNT = "/user/serverid/devindex/config"  # where MindCluster's pods see hccl.json
+ENV_RANK_TABLE_FILE = "RANK_TABLE_FILE"  # env var: that file, as Ascend's training scripts read
+RANK_TABLE_PREFIX = "matrixpool-hccl-"  # + a TrainingJob's UID: the ConfigMap of its rank table
+
+
+def rank_table_config_map(job_uid: str) -> str:
+    """The name of the ConfigMap holding a TrainingJob's HCCL rank table."""
+    return f"{RANK_TABLE_PREFIX}{job_uid}"
 
 
 ENV_ASCEND_VISIBLE_DEVICES = "ASCEND_VISIBLE_DEVICES"  # set too for huawei.com/* resources

@@ -29,6 +29,11 @@ URI = r"^[a-zA-Z][a-zA-Z0-9+.-]*://.+$"  # scheme://rest, e.g. file:///mnt/ckpt 
 # (a recovery plan names every rank for Reschedule). No CEL rule reads those lists, so their
 # size costs the API server's CEL budget nothing.
 MAX_RANKS = 1_000_000
+DEFAULT_RENDEZVOUS_PORT = 29500  # torchrun's default --master-port
+# A job's name names its headless Service (a DNS-1035 label) and its pods' hostnames
+# "<name>-<rank>" (a label of at most 63 characters, ranks up to MAX_RANKS - 1: 6 digits).
+MAX_NAME_LENGTH = 63 - len(f"-{MAX_RANKS - 1}")
+NAME_PATTERN = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
 # A recovery record lists at most this many of its ranks (status.recoveries[].rankCount counts
 # them all): a Reschedule of a large job would otherwise write every rank into every entry.
 RANKS_LISTED = 64
@@ -126,6 +131,17 @@ class Checkpoint(common.ApiModel):
     spec.timeSharing.checkpointGraceSeconds (else 60 for a preemption)."""
 
 
+class Rendezvous(common.ApiModel):
+    """How the ranks find each other: the torchrun environment every rank's pod gets
+    (``MASTER_ADDR`` is rank 0's DNS name ``<job>-0.<job>.<namespace>.svc.<cluster domain>``)."""
+
+    port: int = Field(default=DEFAULT_RENDEZVOUS_PORT, ge=1, le=65535)
+    """Rank 0's rendezvous port (MASTER_PORT, PET_MASTER_PORT); default 29500, torchrun's."""
+    procs_per_replica: int = Field(default=1, ge=1, le=64)
+    """Processes each pod runs (PET_NPROC_PER_NODE, torchrun's --nproc-per-node); WORLD_SIZE
+    is replicas times this."""
+
+
 class Recovery(common.ApiModel):
     """How faults may be recovered."""
 
@@ -185,6 +201,10 @@ class TrainingJobSpec(common.ApiModel):
     """PodTemplateSpec of every rank; the operator adds cards, env and annotations."""
     checkpoint: Checkpoint = Field(default_factory=Checkpoint)
     """Checkpoint tiers."""
+    rendezvous: Rendezvous = Field(
+        default_factory=Rendezvous, json_schema_extra=common.DEFAULT_EMPTY_OBJECT
+    )
+    """Rank 0's port and the processes per pod, for torchrun's environment."""
     recovery: Recovery = Field(
         default_factory=Recovery, json_schema_extra=common.DEFAULT_EMPTY_OBJECT
     )
@@ -495,4 +515,14 @@ RESOURCE = common.Resource(
         ),
     ),
     selectable_fields=(".spec.superNode",),
+    name_rules=(
+        common.rule(
+            f"size(self.metadata.name) <= {MAX_NAME_LENGTH}"
+            f" && self.metadata.name.matches('{NAME_PATTERN}')",
+            f"metadata.name must be a DNS-1035 label of at most {MAX_NAME_LENGTH} characters"
+            " (lower-case letters, digits and '-', starting with a letter): it names the job's"
+            " headless Service and its pods' hostnames <name>-<rank>",
+            ".metadata.name",
+        ),
+    ),
 )

@@ -11,8 +11,10 @@ executor (:mod:`matrixpool.k8s.executor`) on what it read from the World
 - :mod:`~matrixpool.controllers.timeshare`, :mod:`~matrixpool.controllers.autoscaler`,
   :mod:`~matrixpool.controllers.supernode` (status), :mod:`~matrixpool.controllers.lifecycle`
   (jobs that finished), :mod:`~matrixpool.controllers.cleanup` (orphaned checkpoints),
-  :mod:`~matrixpool.controllers.credentials` (per-job Secrets), and the daemons' tier-1 peers
-  and KV-cache quotas.
+  :mod:`~matrixpool.controllers.credentials` (per-job Secrets),
+  :mod:`~matrixpool.controllers.jobservice` (per-job headless Services),
+  :mod:`~matrixpool.controllers.ranktable` (Ascend jobs' HCCL rank tables), and the daemons'
+  tier-1 peers and KV-cache quotas.
 
 What may be written here: a controller module with the memory it keeps between passes (a
 dataclass the loop owns: no module-level state), its decisions, and its calls to the

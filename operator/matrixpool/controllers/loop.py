@@ -29,6 +29,7 @@ from matrixpool.controllers import (
     cleanup,
     daemons,
     lifecycle,
+    ranktable,
     supernode,
     timeshare,
     wake,
@@ -174,11 +175,12 @@ async def main_loop(
 async def one_pass(state: Controllers, read: Callable[[], world.World]) -> None:
     """1 read the world, forget what went, note the jobs that finished; 2 recovery;
     3 the inference autoscaler's recommendations; 4 time-sharing's allowances; 5 the
-    scheduling cycle; 6 the SuperNodes' status; 7 the daemons' tier-1 peers and KV-cache
-    quotas. While the scheduling cycle's bindings are written (its binding cycle, a task of
-    its own), a pass is 1 and 2 only: 3-7 read what the bindings write. The first pass after
-    the binding cycle is through does 6 and 7 of the pass that started it before its own 3,
-    so the status is written after every binding cycle, even when each cycle binds again."""
+    scheduling cycle; 6 the SuperNodes' status; 7 the Ascend jobs' rank tables, the daemons'
+    tier-1 peers and KV-cache quotas. While the scheduling cycle's bindings are written (its
+    binding cycle, a task of its own), a pass is 1 and 2 only: 3-7 read what the bindings
+    write. The first pass after the binding cycle is through does 6 and 7 of the pass that
+    started it before its own 3, so the status is written after every binding cycle, even
+    when each cycle binds again."""
     now = read()
     state.forget_replaced(now.workloads)
     cleanup.sweep(state.sweeper, now.nodes, now.workloads, state.act)
@@ -200,9 +202,11 @@ async def one_pass(state: Controllers, read: Callable[[], world.World]) -> None:
 
 
 async def report(state: Controllers, read: Callable[[], world.World]) -> None:
-    """6 and 7 of a pass: the SuperNodes' status, the daemons' tier-1 peers and KV quotas."""
+    """6 and 7 of a pass: the SuperNodes' status, the Ascend jobs' rank tables, the daemons'
+    tier-1 peers and KV quotas."""
     act = state.act
     await supernode.report(read(), state.reported, act, state.sharing.transition_status)
+    await ranktable.run(read(), state.tables, act)
     daemons.run(read(), state.cycle.kv, state.told, act, state.started)
 
 
@@ -234,6 +238,7 @@ class Controllers:
     act: executor.Executor = field(default_factory=executor.Live)  # the controllers' actions
     derived: world.Derived = field(default_factory=world.Derived)  # members, topologies
     autoscaling: autoscaler.Memory = field(default_factory=autoscaler.Memory)  # per service
+    tables: ranktable.Memory = field(default_factory=ranktable.Memory)  # HCCL rank tables
     unreported: bool = False  # a binding cycle started and the status is not written since
 
     def forget(self, uid: str, key: str) -> None:
@@ -243,7 +248,14 @@ class Controllers:
 
     def by_workload(self) -> tuple[Forgets, ...]:
         """Every memory that keeps something per workload: each forgets one that went."""
-        return (self.decisions, self.cycle, self.recoveries, self.sharing, self.autoscaling)
+        return (
+            self.decisions,
+            self.cycle,
+            self.recoveries,
+            self.sharing,
+            self.autoscaling,
+            self.tables,
+        )
 
     def binding(self) -> bool:
         """Whether the last scheduling cycle's binding cycle is still writing."""

@@ -42,6 +42,14 @@ def node_info(
         allocatable=quantities.amounts(allocatable),
         taints=nodefit.taints_of(spec.get("taints") or ()),
         cordoned=cordoned,
+        address=next(
+            (
+                str(a.get("address", ""))
+                for a in status.get("addresses") or []
+                if a.get("type") == "InternalIP"
+            ),
+            "",
+        ),
     )
 
 

@@ -4,10 +4,11 @@ ask the checkpoint daemons goes through an :class:`Executor`.
 The controllers in :mod:`matrixpool.controllers` decide from the World
 (:mod:`matrixpool.state.world`) and hand what they decided to the executor they were given:
 create, reserve, bind, annotate and delete pods, patch a status, apply a ConfigMap, record an
-Event, write a workload's credential Secret, ask the daemons for an inventory, a heartbeat or
-a pin, tell them their peers and quotas, or delete a job's checkpoints. The
-main loop gives them :class:`Live`, which calls the API server (:mod:`matrixpool.k8s.pods`,
-:mod:`matrixpool.k8s.status`, :mod:`matrixpool.k8s.configmaps`, ``kopf.event``) and the
+Event, write a workload's credential Secret or a job's headless Service, ask the daemons for
+an inventory, a heartbeat or a pin, tell them their peers and quotas, or delete a job's
+checkpoints. The main loop gives them :class:`Live`, which calls the API server
+(:mod:`matrixpool.k8s.pods`, :mod:`matrixpool.k8s.status`, :mod:`matrixpool.k8s.configmaps`,
+:mod:`matrixpool.k8s.services`, ``kopf.event``) and the
 daemons (:mod:`matrixpool.k8s.daemonclient`). Unit tests give them a recorder instead and assert
 the actions a world leads to, with no API server and no daemon
 (``tests/unit/controllers/test_plans.py``).
@@ -24,7 +25,7 @@ from typing import Any, Protocol, cast
 
 import kopf
 
-from matrixpool.k8s import configmaps, convert, daemonclient, pods, secrets
+from matrixpool.k8s import configmaps, convert, daemonclient, pods, secrets, services
 from matrixpool.k8s import scrape as metrics_scrape
 from matrixpool.k8s import status as k8s_status
 
@@ -132,6 +133,12 @@ class Executor(Protocol):
         whether it was created (False: it was there)."""
         ...
 
+    async def write_service(
+        self, namespace: str, name: str, uid: str, owner: Mapping[str, Any]
+    ) -> services.Outcome:
+        """Create a TrainingJob's headless Service (:mod:`matrixpool.k8s.services`)."""
+        ...
+
 
 class Live:
     """The executor of a running operator: the API server and the daemons."""
@@ -213,6 +220,11 @@ class Live:
         self, namespace: str, uid: str, token: str, owner: Mapping[str, Any], component: str
     ) -> bool:
         return await secrets.ensure(namespace, uid, token, owner, component)
+
+    async def write_service(
+        self, namespace: str, name: str, uid: str, owner: Mapping[str, Any]
+    ) -> services.Outcome:
+        return await services.ensure(namespace, name, uid, owner)
 
 
 def facts_of(pod: Mapping[str, Any]) -> convert.PodFacts | None:

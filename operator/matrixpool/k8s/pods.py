@@ -48,6 +48,7 @@ TRAINING_JOB = "TrainingJob"  # the kind whose pods get the training contract
 DAEMON_PORT_VARIABLE = "MATRIXPOOL_CKPT_DAEMON_PORT"  # the chart's checkpointDaemon.port
 MEMORY_PATH_VARIABLE = "MATRIXPOOL_CKPT_MEMORY_PATH"  # the chart's checkpointDaemon.memoryPath
 PERSISTENT_PATH_VARIABLE = "MATRIXPOOL_CKPT_PERSISTENT_PATH"  # its persistentPath (tier 3)
+CLUSTER_DOMAIN_VARIABLE = "MATRIXPOOL_CLUSTER_DOMAIN"  # the chart's clusterDomain
 Outcome = BaseException | None  # per pod: None when the call did what it was asked
 
 
@@ -95,6 +96,51 @@ class TrainingContract:
     # persistent URI lies inside it (a restoring trainer reads tier 3 itself); "": none
     credential: bool = False  # the operator writes the job's token Secret (it holds the
     # cluster secret): the pod then waits for it, as a kubelet waits for a Secret it must mount
+    rendezvous: Rendezvous | None = None  # torchrun's environment and the pod's DNS name
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """How a rank's pod finds rank 0, as a real cluster gives it (docs/pytorch.md): the pod is
+    ``<job>-<rank>`` in the job's headless Service ``<job>`` (:mod:`matrixpool.k8s.services`),
+    so rank 0 is ``<job>-0.<job>.<namespace>.svc.<domain>`` wherever it runs, and the pod gets
+    torchrun's environment under the names Kubeflow's trainer uses."""
+
+    job: str  # the TrainingJob's name: its Service, the pods' subdomain
+    namespace: str
+    rank: int  # the pod's rank (NODE_RANK)
+    replicas: int  # pods of the gang when the pod is created (PET_NNODES)
+    port: int  # spec.rendezvous.port (MASTER_PORT)
+    procs_per_replica: int  # spec.rendezvous.procsPerReplica (PET_NPROC_PER_NODE)
+    domain: str = labels.CLUSTER_DOMAIN
+    rank_table: bool = False  # Ascend cards: mount the job's HCCL rank table (its ConfigMap)
+    job_uid: str = ""  # names the rank table's ConfigMap
+
+    @property
+    def hostname(self) -> str:
+        return f"{self.job}-{self.rank}"
+
+    @property
+    def master(self) -> str:
+        """Rank 0's name: the same after any recovery, whichever node rank 0 lands on."""
+        return f"{self.job}-0.{self.job}.{self.namespace}.svc.{self.domain}"
+
+    def env(self) -> dict[str, str]:
+        """torchrun's variables: the pod's first process is global rank ``rank * procs``."""
+        procs = self.procs_per_replica
+        return {
+            "MASTER_ADDR": self.master,
+            "MASTER_PORT": str(self.port),
+            "WORLD_SIZE": str(self.replicas * procs),
+            "RANK": str(self.rank * procs),
+            "NODE_RANK": str(self.rank),
+            "LOCAL_RANK": "0",
+            "PET_NNODES": str(self.replicas),
+            "PET_NODE_RANK": str(self.rank),
+            "PET_MASTER_ADDR": self.master,
+            "PET_MASTER_PORT": str(self.port),
+            "PET_NPROC_PER_NODE": str(procs),
+        }
 
 
 @dataclass(frozen=True)
@@ -107,6 +153,11 @@ class ServingContract:
     daemons: tuple[str, ...]  # the other member nodes' daemons (host:port), as of pod creation
     daemon_port: int = labels.DAEMON_PORT  # its own node's daemon: $(MATRIXPOOL_NODE_IP):port
     credential: bool = False  # the operator writes the service's token Secret
+
+
+def cluster_domain() -> str:
+    """The cluster's DNS domain, as the chart tells the operator (kubelet's clusterDomain)."""
+    return os.environ.get(CLUSTER_DOMAIN_VARIABLE) or labels.CLUSTER_DOMAIN
 
 
 def daemon_settings() -> tuple[int, str, str]:
@@ -154,8 +205,11 @@ def manifest(
         if training is None:
             raise ValueError(f"pod {plan.name}: a TrainingJob's pod needs its training contract")
         spec.setdefault("restartPolicy", "Never")  # a failed rank is the operator's to recover
+        meta["labels"][labels.JOB_UID] = training.job_uid
         meta.setdefault("annotations", {})[labels.INCARNATION] = str(training.incarnation)
         _give_training_contract(spec, containers[0], training)
+        if training.rendezvous is not None:
+            _give_rendezvous(spec, containers, training.rendezvous)
     else:
         _give_serving_contract(spec, containers[0], plan.role, serving)
     return {"apiVersion": "v1", "kind": "Pod", **pod}
@@ -269,6 +323,38 @@ def _give_training_contract(
     }
     kept_env = [e for e in container.get("env", []) if e.get("name") not in env]
     container["env"] = kept_env + [{"name": n, **e} for n, e in env.items()]
+
+
+def _give_rendezvous(
+    spec: dict[str, Any], containers: list[dict[str, Any]], rendezvous: Rendezvous
+) -> None:
+    """The pod's DNS name (``hostname``/``subdomain``, so the job's headless Service gives it
+    a record), torchrun's environment in every container (a variable the template sets itself
+    stays as the template sets it), and for Ascend cards the job's HCCL rank table as a file,
+    ``RANK_TABLE_FILE`` (MindCluster's ``hccl.json``: :mod:`matrixpool.controllers.ranktable`
+    writes it once the gang is placed)."""
+    spec["hostname"] = rendezvous.hostname
+    spec["subdomain"] = rendezvous.job
+    env = rendezvous.env()
+    volume = "matrixpool-rank-table"
+    if rendezvous.rank_table:
+        env[labels.ENV_RANK_TABLE_FILE] = f"{labels.RANK_TABLE_MOUNT}/{labels.RANK_TABLE_KEY}"
+        config_map = {
+            "name": labels.rank_table_config_map(rendezvous.job_uid),
+            "optional": True,  # written once every rank is placed; the kubelet then adds it
+        }
+        volumes = [v for v in spec.get("volumes", []) if v.get("name") != volume]
+        spec["volumes"] = [*volumes, {"name": volume, "configMap": config_map}]
+    for container in containers:
+        given = {e.get("name") for e in container.get("env", [])}
+        container["env"] = [
+            *container.get("env", []),
+            *({"name": n, "value": v} for n, v in env.items() if n not in given),
+        ]
+        if rendezvous.rank_table:
+            mounts = [m for m in container.get("volumeMounts", []) if m.get("name") != volume]
+            mount = {"name": volume, "mountPath": labels.RANK_TABLE_MOUNT, "readOnly": True}
+            container["volumeMounts"] = [*mounts, mount]
 
 
 def _give_cards(container: dict[str, Any], cards: int, card_resource: str) -> None:

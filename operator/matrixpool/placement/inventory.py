@@ -88,6 +88,7 @@ class NodeInfo:
     allocatable: Mapping[str, int] = field(default_factory=dict)  # all of it; cpu in millicores
     taints: tuple[nodefit.Taint, ...] = ()  # spec.taints
     cordoned: bool = False  # spec.unschedulable: no new pods; not a fault for recovery
+    address: str = ""  # status.addresses' InternalIP (the HCCL rank table's server_id)
 
 
 @dataclass(frozen=True)

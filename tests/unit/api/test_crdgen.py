@@ -182,7 +182,7 @@ def test_every_cel_message_names_an_existing_field(resource: common.Resource) ->
     for rule in rules:
         named = rule["message"].split(" ", 1)[0].rstrip(":")
         assert named.rsplit(".", 1)[-1].replace("[]", "") in fields, rule["message"]
-        assert named.startswith(("spec.", "matchExpressions")), rule["message"]
+        assert named.startswith(("spec.", "matchExpressions", "metadata.name")), rule["message"]
 
 
 def test_supernode_schema_carries_the_documented_bounds() -> None:

@@ -20,7 +20,7 @@ import structlog
 
 from matrixpool import clock
 from matrixpool.api import common, inferenceservice, labels, trainingjob
-from matrixpool.controllers import lifecycle
+from matrixpool.controllers import lifecycle, ranktable
 from matrixpool.controllers.scheduling import cyclestate, status
 from matrixpool.k8s import convert, daemonclient, pods
 from matrixpool.placement import gangs
@@ -82,7 +82,9 @@ async def reconcile_pods(
         missing = [plan for plan in plans if plan.name not in existing]
         resume = resume_value(cycle, workload, existing) if missing and not recovery else ""
         wanted_gangs = wanted.get(workload.key, [])
-        contracts = training_contracts(workload, wanted_gangs, existing) if missing else {}
+        contracts = (
+            training_contracts(workload, wanted_gangs, existing, resource) if missing else {}
+        )
         serving = serving_contract(cycle, workload) if missing else None
         manifests = {
             plan.name: pin(
@@ -228,7 +230,10 @@ def template(cycle: cyclestate.CycleState, workload: Workload) -> Any:
 
 
 def training_contracts(
-    workload: Workload, wanted: Sequence[gangs.Gang], existing: Mapping[str, convert.PodFacts]
+    workload: Workload,
+    wanted: Sequence[gangs.Gang],
+    existing: Mapping[str, convert.PodFacts],
+    card_resource: str = "",
 ) -> dict[str, pods.TrainingContract]:
     """Per pod name, what a new pod of a TrainingJob is told (``pods.TrainingContract``); {}
     for other kinds. A new rank joins the run its gang's live pods are in (the newest one
@@ -250,6 +255,8 @@ def training_contracts(
     credential = (
         daemonclient.secret() is not None
     )  # then the job's Secret is written (controllers.credentials)
+    rendezvous = workload.model.spec.rendezvous
+    domain = pods.cluster_domain()
     return {
         plan.name: pods.TrainingContract(
             job_uid=workload.uid,
@@ -260,6 +267,17 @@ def training_contracts(
             memory_path=memory_path,
             persistent_path=persistent_root if inside else "",
             credential=credential,
+            rendezvous=pods.Rendezvous(
+                job=workload.name,
+                namespace=workload.namespace,
+                rank=plan.rank,
+                replicas=len(gang.pods),
+                port=rendezvous.port,
+                procs_per_replica=rendezvous.procs_per_replica,
+                domain=domain,
+                rank_table=ranktable.wanted(card_resource),
+                job_uid=workload.uid,
+            ),
         )
         for gang in wanted
         for plan in gang.pods
