@@ -1,6 +1,7 @@
-"""The local control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and
-kwok as processes on loopback, plus kwok-simulated accelerator nodes and, with
-``real_nodes``, real nodes: a kubelet and a containerd each (:mod:`.realnodes`).
+"""The local control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
+kwok and the cluster DNS (CoreDNS, :mod:`.dns`, with :mod:`.loopbackdns` for loopback pods) as
+processes on loopback, plus kwok-simulated accelerator nodes and, with ``real_nodes``, real
+nodes: a kubelet, a kube-proxy and a containerd each (:mod:`.realnodes`).
 
 Called by ``matrixpool cluster up|down|status|kubeconfig|fault``, the demo and the test
 fixtures. Every process runs in its own session, so the cluster outlives the command that
@@ -32,10 +33,18 @@ from typing import Any
 import yaml
 
 from matrixpool import clock
-from matrixpool.devcluster import binaries, certs, realnodes, topology
+from matrixpool.devcluster import binaries, certs, dns, loopbackdns, realnodes, topology
 
 # The order in which processes start; stopped in reverse.
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+COMPONENTS = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+    "loopback-dns",
+    "coredns",
+)
 STAGES_FILE = Path(__file__).with_name("kwok-stages.yaml")
 # The chart's ValidatingAdmissionPolicy keeping matrixpool.dev/* pod annotations the
 # operator's, rendered by helm for this cluster: its operator runs as the admin certificate.
@@ -43,6 +52,7 @@ POLICY_TEMPLATE = "templates/pod-annotations-policy.yaml"
 POLICY_NAMESPACE = "matrixpool-system"  # the release namespace the template is rendered for
 DEFAULT_ROOT = Path(os.environ.get("MATRIXPOOL_CACHE", Path.home() / ".cache" / "matrixpool"))
 SERVICE_CIDR = "10.96.0.0/16"
+SERVICE_IP = "10.96.0.1"  # the kubernetes Service's ClusterIP (first address of SERVICE_CIDR)
 # --peers: kube-scheduler's own gang scheduling (PodGroup, scheduling.k8s.io/v1beta1) and
 # topology-aware workload scheduling, on in every component that reads them (the API server
 # drops gated fields otherwise; the controller manager runs the PodGroup protection controller).
@@ -106,9 +116,9 @@ class Cluster:
         ``peers``: also kube-scheduler's gang and topology gates, and Kueue (devcluster.kueue).
 
         Phases: 1 binaries, 2 PKI, 3 etcd, 4 kube-apiserver, 5 controllers and kwok,
-        6 the pod-annotations admission policy, 7 CRDs, 8 nodes, 9 real nodes (``real_nodes``
-        kubelets with containerd, labelled into supernode ``real_supernode``, racks of
-        ``shape.nodes_per_rack``); each reports its duration.
+        6 the pod-annotations admission policy, 7 cluster DNS, 8 CRDs, 9 nodes, 10 real nodes
+        (``real_nodes`` kubelets with containerd and kube-proxy, labelled into supernode
+        ``real_supernode``, racks of ``shape.nodes_per_rack``); each reports its duration.
         """
         started = clock.SYSTEM.monotonic()
         if self.running():
@@ -153,6 +163,7 @@ class Cluster:
             lambda: self._start_controllers(bin_dir, ports, pki),
         )
         self._phase("admission policy", lambda: apply_admission_policy(self, bin_dir))
+        self._phase("cluster DNS (CoreDNS)", lambda: self._start_dns(bin_dir, ports, network))
         if crds is not None:
             self._phase("CRDs", lambda: apply_crds(self, crds))
         self._ensure_nodes(shape)
@@ -181,6 +192,7 @@ class Cluster:
                 "helm",
                 "real",
                 "kueue",
+                "dns",
             ):
                 _remove(self.folder / child)
         if not quiet:
@@ -362,6 +374,10 @@ class Cluster:
         elif component == "kueue":
             self._spawn("kueue", state["kueue"]["args"])
             self._wait_kueue(state["kueue"]["health_port"])
+        elif component in ("coredns", "loopback-dns"):
+            self._spawn(component, state["dns"]["args"][component])
+            if component == "coredns":
+                self._wait_dns(state["dns"]["ready_port"])
         else:
             self._spawn(component, self._controller_args(component, bin_dir, ports, pki))
 
@@ -431,6 +447,66 @@ class Cluster:
             ],
         )
         self._wait_for("kube-apiserver", lambda: self._api_ready(ports), timeout=120)
+
+    def _start_dns(self, bin_dir: Path, ports: Ports, network: realnodes.Network | None) -> None:
+        """CoreDNS on the cluster's loopback address (and the real nodes' gateway), with its
+        own client certificate and kubeadm's RBAC; the kube-dns Service; the loopback pods'
+        records (:mod:`.loopbackdns`). Waits until CoreDNS has read the API."""
+        folder = self.folder / "dns"
+        folder.mkdir(parents=True, exist_ok=True)
+        cert, key = certs.client_cert(self.folder / "pki", dns.USER, [])
+        kubeconfig = folder / "kubeconfig"
+        server = f"https://127.0.0.1:{ports.apiserver}"
+        pki = certs.paths(self.folder / "pki")
+        config = realnodes.client_kubeconfig(server, pki.ca_cert, cert, key, dns.USER)
+        kubeconfig.write_text(yaml.safe_dump(config, sort_keys=False))
+        records = folder / "loopback.hosts"
+        if not records.exists():
+            records.write_text(loopbackdns.HEADER)
+        loopback = dns.loopback_address(self.folder)
+        port = dns_port(loopback, self._say)
+        health, ready = free_ports(2)
+        addresses = (loopback, *((network.gateway,) if network else ()))
+        server_config = dns.Server(addresses, kubeconfig, records, health, ready, port)
+        corefile = folder / "Corefile"
+        corefile.write_text(dns.corefile(server_config))
+        objects = [*dns.rbac(), dns.service(loopback, port)]
+        if network is not None:
+            objects.append(dns.endpoint_slice(network.gateway, port))
+        kubectl(self, "apply", "--server-side", "--force-conflicts", "-f", "-",
+                input=yaml.safe_dump_all(objects))  # fmt: skip
+        args = {
+            "loopback-dns": [
+                sys.executable,
+                "-m",
+                "matrixpool.devcluster.loopbackdns",
+                f"--kubeconfig={self.kubeconfig}",
+                f"--records={records}",
+            ],
+            "coredns": [str(bin_dir / "coredns"), "-conf", str(corefile)],
+        }
+        state = self._read_state()
+        state["dns"] = {"address": loopback, "port": port, "ready_port": ready, "args": args}
+        self._write_state(state)
+        self._spawn("loopback-dns", args["loopback-dns"])
+        self._spawn("coredns", args["coredns"])
+        self._wait_dns(ready)
+        self._say(f"    CoreDNS on {', '.join(f'{a}:{port}' for a in addresses)}")
+
+    def _wait_dns(self, ready_port: int) -> None:
+        """Until CoreDNS has synced with the API and answers for the kubernetes Service."""
+        url = f"http://127.0.0.1:{ready_port}/ready"
+        self._wait_for("coredns", functools.partial(_http_ok, url, None), timeout=60)
+        facts = self._read_state()["dns"]
+        name = f"kubernetes.default.svc.{dns.DOMAIN}"
+
+        def answers() -> bool:
+            try:
+                return dns.lookup(name, facts["address"], facts["port"], 1.0)[1] == [SERVICE_IP]
+            except OSError:
+                return False
+
+        self._wait_for("coredns", answers, timeout=30)
 
     def _start_controllers(self, bin_dir: Path, ports: Ports, pki: certs.PKI) -> None:
         for name in ("kube-controller-manager", "kube-scheduler", "kwok"):
@@ -648,6 +724,24 @@ class Cluster:
         tmp = self.state_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=2))
         tmp.replace(self.state_file)
+
+
+def dns_port(address: str, say: Progress) -> int:
+    """53 when this process may bind it (root, or a low ip_unprivileged_port_start), else a
+    free port: CoreDNS then answers there, but no resolv.conf can point at it."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.bind((address, dns.PORT))
+    except PermissionError:
+        port = free_ports(1)[0]
+        say(f"    port 53 needs root: CoreDNS answers on {address}:{port}, which no pod uses")
+        return port
+    except OSError as error:
+        raise ClusterError(f"{address}:{dns.PORT} is taken ({error}); is a cluster of the "
+                           "same folder still running?") from error  # fmt: skip
+    finally:
+        probe.close()
+    return dns.PORT
 
 
 def node_packages(progress: Progress) -> None:

@@ -1,8 +1,10 @@
 """What a kubelet makes of a pod before it starts a container, for ``matrixpool sim``'s process
 kubelet: the container's environment (``value`` with ``$(VAR)`` expansion, ``valueFrom``
 field, Secret, ConfigMap and resource references, ``envFrom``), the files of its Secret,
-ConfigMap, downward-API and projected volumes, its command line, and the mount namespace it runs
-in (every volume bound at its ``mountPath``).
+ConfigMap, downward-API and projected volumes, its command line, its hostname, the
+``/etc/resolv.conf`` and ``/etc/hosts`` a kubelet gives it (``dnsPolicy``, ``dnsConfig``,
+``hostname``/``subdomain``, ``hostAliases``), and the mount namespace it runs in (every volume
+bound at its ``mountPath``, those two files over the machine's, its hostname in a UTS namespace).
 
 Pure functions over the pod as the API returns it (a dict, camelCase); what they need from the
 API comes through a :class:`Lookup`. A reference that cannot be resolved yet (a Secret that is
@@ -50,11 +52,26 @@ class Lookup(Protocol):
 
 @dataclass(frozen=True)
 class Mount:
-    """A volume's folder on this machine, bound where the container sees it."""
+    """A volume's folder (or one file) on this machine, bound where the container sees it."""
 
     source: str
     target: str
     read_only: bool = False
+    file: bool = False  # a single file (a subPath key, /etc/resolv.conf), not a folder
+
+
+@dataclass(frozen=True)
+class ClusterDNS:
+    """What a kubelet's ``clusterDNS`` and ``clusterDomain`` say."""
+
+    nameservers: tuple[str, ...]  # empty: no cluster DNS (ClusterFirst falls back to the host's)
+    domain: str = "cluster.local"
+
+
+MAX_NAMESERVERS = 3  # glibc reads no more; a kubelet drops the rest
+MAX_SEARCHES = 32  # a kubelet's limit (validation.MaxDNSSearchPaths)
+DEFAULT_OPTIONS = ("ndots:5",)  # what a kubelet gives a ClusterFirst pod
+HOSTS_HEADER = "# Kubernetes-managed hosts file.\n"
 
 
 def repository(image: str) -> str:
@@ -266,15 +283,23 @@ def _downward_files(pod: Mapping[str, Any], items: Sequence[Mapping[str, Any]]) 
 STAGE = "/run/matrixpool-sim-stage"  # a mountpoint of each namespace's own (a tmpfs there)
 
 
-def launcher(mounts: Sequence[Mount], argv: Sequence[str], image: Sequence[str] = ()) -> list[str]:
+def launcher(
+    mounts: Sequence[Mount],
+    argv: Sequence[str],
+    image: Sequence[str] = (),
+    hostname: str | None = None,
+) -> list[str]:
     """The command that runs ``argv`` in a mount namespace of its own, each mount bound at its
-    target (created if missing; read-only ones remounted so), as a container runtime does.
-    ``image`` are the folders that stand in for the container's image (the sim's Python
-    installation): one that a mount would hide (a pod's emptyDir at /tmp over a checkout under
-    /tmp) is bound again at its own path on top, as an image's files stay visible in a real
-    container. ``unshare`` execs, so the process keeps the launcher's pid."""
+    target (created if missing, a file for a file; read-only ones remounted so), as a container
+    runtime does, and with ``hostname`` in a UTS namespace of its own. ``image`` are the
+    folders that stand in for the container's image (the sim's Python installation): one that
+    a mount would hide (a pod's emptyDir at /tmp over a checkout under /tmp) is bound again at
+    its own path on top, as an image's files stay visible in a real container. ``unshare``
+    execs, so the process keeps the launcher's pid."""
     hidden = [folder for folder in image if any(_under(folder, m.target) for m in mounts)]
     script = ["set -e"]
+    if hostname is not None:
+        script.append(f"hostname {shlex.quote(hostname)}")
     if hidden:  # kept aside before the mounts, on a tmpfs only this namespace sees
         script += [f"mkdir -p {STAGE}", f"mount -t tmpfs matrixpool-stage {STAGE}"]
         for index, folder in enumerate(hidden):
@@ -284,7 +309,11 @@ def launcher(mounts: Sequence[Mount], argv: Sequence[str], image: Sequence[str] 
             ]
     for mount in _mount_order(mounts):
         target, source = shlex.quote(mount.target), shlex.quote(mount.source)
-        script.append(f"mkdir -p {target}")
+        if mount.file:
+            parent = shlex.quote(mount.target.rstrip("/").rpartition("/")[0] or "/")
+            script.append(f"[ -e {target} ] || {{ mkdir -p {parent} && touch {target}; }}")
+        else:
+            script.append(f"mkdir -p {target}")
         script.append(f"mount --bind {source} {target}")
         if mount.read_only:
             script.append(f"mount -o remount,bind,ro {target}")
@@ -294,9 +323,11 @@ def launcher(mounts: Sequence[Mount], argv: Sequence[str], image: Sequence[str] 
             f"mount --bind {STAGE}/{index} {shlex.quote(folder)}",
         ]
     script.append('exec "$@"')
+    uts = ["--uts"] if hostname is not None else []
     return [
         "unshare",
         "--mount",
+        *uts,
         "--propagation",
         "private",
         "sh",
@@ -322,6 +353,121 @@ def _mount_order(mounts: Sequence[Mount]) -> list[Mount]:
         return hides, mount.target.rstrip("/").count("/")
 
     return sorted(mounts, key=key)
+
+
+def hostname(pod: Mapping[str, Any], domain: str = "cluster.local") -> tuple[str, str]:
+    """The pod's hostname and domain as a kubelet makes them: ``spec.hostname`` else its name,
+    cut to 63 characters (no trailing ``-``/``.``); ``<subdomain>.<ns>.svc.<domain>`` when it
+    has a ``spec.subdomain``, else ""."""
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    name = str(spec.get("hostname") or meta.get("name", ""))
+    if len(name) > 63:
+        name = name[:63].rstrip("-.")
+    subdomain = spec.get("subdomain")
+    namespace = meta.get("namespace", "default")
+    return name, f"{subdomain}.{namespace}.svc.{domain}" if subdomain else ""
+
+
+def uts_hostname(pod: Mapping[str, Any], domain: str = "cluster.local") -> str | None:
+    """What ``hostname`` says inside the pod (``setHostnameAsFQDN``: the FQDN); None for a
+    host-network pod, which keeps the machine's."""
+    if (pod.get("spec") or {}).get("hostNetwork"):
+        return None
+    name, host_domain = hostname(pod, domain)
+    fqdn = bool((pod.get("spec") or {}).get("setHostnameAsFQDN")) and host_domain
+    return f"{name}.{host_domain}" if fqdn else name
+
+
+def hosts_file(pod: Mapping[str, Any], node_hosts: str, domain: str = "cluster.local") -> str:
+    """The pod's ``/etc/hosts``, as a kubelet writes it (managedHostsFileContent): localhost,
+    the pod's own addresses with its hostname (and FQDN with a subdomain), then
+    ``hostAliases``. A host-network pod gets the node's file plus its aliases."""
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    aliases = spec.get("hostAliases") or []
+    extra = ""
+    if aliases:
+        extra = "\n# Entries added by HostAliases.\n" + "".join(
+            str(a.get("ip", "")) + "\t" + "\t".join(a.get("hostnames") or []) + "\n"
+            for a in aliases
+        )
+    if spec.get("hostNetwork"):
+        return node_hosts + extra
+    ips = [p["ip"] for p in status.get("podIPs") or [] if p.get("ip")]
+    if not ips and status.get("podIP"):
+        ips = [str(status["podIP"])]
+    name, host_domain = hostname(pod, domain)
+    lines = [
+        HOSTS_HEADER,
+        "127.0.0.1\tlocalhost\n",
+        "::1\tlocalhost ip6-localhost ip6-loopback\n",
+        "fe00::0\tip6-localnet\n",
+        "fe00::0\tip6-mcastprefix\n",
+        "fe00::1\tip6-allnodes\n",
+        "fe00::2\tip6-allrouters\n",
+    ]
+    for ip in ips:
+        lines.append(f"{ip}\t{name}.{host_domain}\t{name}\n" if host_domain else f"{ip}\t{name}\n")
+    return "".join(lines) + extra
+
+
+def parse_resolv_conf(text: str) -> tuple[list[str], list[str], list[str]]:
+    """Nameservers, search domains and options of a resolv.conf (the last ``search`` wins, as
+    glibc reads it)."""
+    servers: list[str] = []
+    searches: list[str] = []
+    options: list[str] = []
+    for line in text.splitlines():
+        fields = line.split("#", 1)[0].split(";", 1)[0].split()
+        if not fields:
+            continue
+        if fields[0] == "nameserver" and len(fields) > 1:
+            servers.append(fields[1])
+        elif fields[0] in ("search", "domain"):
+            searches = fields[1:]
+        elif fields[0] == "options":
+            options += fields[1:]
+    return servers, searches, options
+
+
+def resolv_conf(pod: Mapping[str, Any], cluster: ClusterDNS, host_resolv: str) -> str:
+    """The pod's ``/etc/resolv.conf``, as a kubelet asks the runtime to write it (GetPodDNS):
+    ``ClusterFirst`` (a host-network pod only with ``ClusterFirstWithHostNet``) → the cluster's
+    nameservers, search ``<ns>.svc.<domain> svc.<domain> <domain>`` then the host's, options
+    ``ndots:5``; ``Default`` (or no cluster DNS) → the host's; ``None`` → nothing; then
+    ``spec.dnsConfig`` is merged in. Written as containerd writes it."""
+    spec = pod.get("spec") or {}
+    policy = spec.get("dnsPolicy") or "ClusterFirst"
+    servers, searches, options = parse_resolv_conf(host_resolv)
+    cluster_first = policy == "ClusterFirstWithHostNet" or (
+        policy == "ClusterFirst" and not spec.get("hostNetwork")
+    )
+    if policy == "None":
+        servers, searches, options = [], [], []
+    elif cluster_first and cluster.nameservers:
+        namespace = (pod.get("metadata") or {}).get("namespace", "default")
+        own = [f"{namespace}.svc.{cluster.domain}", f"svc.{cluster.domain}", cluster.domain]
+        servers = list(cluster.nameservers)
+        searches = _unique(own + searches)
+        options = list(DEFAULT_OPTIONS)
+    config = spec.get("dnsConfig") or {}
+    servers = _unique(servers + list(config.get("nameservers") or []))[:MAX_NAMESERVERS]
+    searches = _unique(searches + list(config.get("searches") or []))[:MAX_SEARCHES]
+    options = _merge_options(options, config.get("options") or [])
+    text = f"search {' '.join(searches)}\n" if searches else ""
+    text += "".join(f"nameserver {s}\n" for s in servers)
+    return text + (f"options {' '.join(options)}\n" if options else "")
+
+
+def _unique(values: Sequence[str]) -> list[str]:
+    return list(dict.fromkeys(values))
+
+
+def _merge_options(base: Sequence[str], extra: Sequence[Mapping[str, Any]]) -> list[str]:
+    """A pod's ``dnsConfig.options`` over the base ones, by name (mergeDNSOptions)."""
+    merged = {o.partition(":")[0]: o.partition(":")[2] for o in base}
+    for option in extra:
+        merged[str(option.get("name", ""))] = str(option.get("value") or "")
+    return [f"{name}:{value}" if value else name for name, value in merged.items()]
 
 
 def encoded(data: Mapping[str, str] | None) -> dict[str, bytes] | None:

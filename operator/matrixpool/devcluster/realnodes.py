@@ -443,22 +443,26 @@ def prepare(
         yaml.safe_dump(kubelet_config(node, pki.ca_cert), sort_keys=False)
     )
     cert, key = client_cert
-    kubeconfig = {
+    kubeconfig = client_kubeconfig(server, pki.ca_cert, cert, key, node.name)
+    (node.folder / "kubelet" / "kubeconfig").write_text(yaml.safe_dump(kubeconfig, sort_keys=False))
+
+
+def client_kubeconfig(
+    server: str, ca_cert: Path, cert: Path, key: Path, user: str
+) -> dict[str, Any]:
+    """A kubeconfig for one client certificate (a node's kubelet or kube-proxy, CoreDNS)."""
+    return {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [
-            {
-                "name": "local",
-                "cluster": {"server": server, "certificate-authority": str(pki.ca_cert)},
-            }
+            {"name": "local", "cluster": {"server": server, "certificate-authority": str(ca_cert)}}
         ],
         "users": [
-            {"name": node.name, "user": {"client-certificate": str(cert), "client-key": str(key)}}
+            {"name": user, "user": {"client-certificate": str(cert), "client-key": str(key)}}
         ],
-        "contexts": [{"name": "local", "context": {"cluster": "local", "user": node.name}}],
+        "contexts": [{"name": "local", "context": {"cluster": "local", "user": user}}],
         "current-context": "local",
     }
-    (node.folder / "kubelet" / "kubeconfig").write_text(yaml.safe_dump(kubeconfig, sort_keys=False))
 
 
 def containerd_args(node: Node, network: Network) -> list[str]:

@@ -14,7 +14,12 @@ a kubelet resolves it (``$(VAR)``, downward API, Secrets, ConfigMaps; see
 :mod:`matrixpool.devcluster.kubelet`), in a mount namespace of its own in which every volume is
 bound at its ``mountPath``: Secret, ConfigMap, downward-API (kept current) and projected
 volumes as files, emptyDir as a folder of the pod, hostPath as a folder of the node
-(``<folder>/nodes/<node>/<path>``: what two pods of one node share, and nothing else). The sim
+(``<folder>/nodes/<node>/<path>``: what two pods of one node share, and nothing else), with
+the ``/etc/resolv.conf`` and ``/etc/hosts`` a kubelet writes bound over the machine's and its
+hostname in a UTS namespace. Names resolve as on a real node: a ``ClusterFirst`` pod asks the
+cluster's CoreDNS (on its loopback address, which the kube-dns Service publishes:
+:mod:`matrixpool.devcluster.dns`), which answers ``<pod>.<service>.<ns>.svc.cluster.local``
+with the pod's address (kwok's, on loopback: 127.200.0.0/16; :mod:`.loopbackdns`). The sim
 adds nothing of its own: a trainer that works under it works the same in a real pod. Exits
 are reported as a kubelet reports them: per ``restartPolicy`` the container restarts (with
 ``restartCount``) or the pod ends ``Succeeded`` (every container exited 0) or ``Failed``.
@@ -45,6 +50,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -57,7 +63,7 @@ from typing import Any
 
 from matrixpool import clock
 from matrixpool.api import labels
-from matrixpool.devcluster import cluster, faults, kubelet
+from matrixpool.devcluster import cluster, dns, faults, kubelet
 from matrixpool.k8s import client as k8s_client
 from matrixpool.k8s import daemonleases
 
@@ -69,6 +75,7 @@ KV_POOL_BYTES = "64Mi"  # each daemon's part of the KV-cache pool, out of its --
 CACHE_SECONDS = 10.0  # how long the process kubelet trusts a Secret or ConfigMap it read
 BACKOFF_SECONDS = (1, 2, 4, 8, 10)  # restarts of a container (a kubelet: 10 s doubling to 5 min)
 DEFAULT_GRACE_SECONDS = 30.0  # a pod's terminationGracePeriodSeconds when it sets none
+DNS_RECHECK_SECONDS = 10.0  # how often the sim looks again for a cluster DNS it did not find
 
 
 @dataclass
@@ -220,6 +227,8 @@ class Sim:
     addresses: dict[str, str] = field(default_factory=dict)  # node → its InternalIP
     namespace: str = "default"  # the operator's: where the daemons' Leases go
     announced: dict[str, float] = field(default_factory=dict)  # node → last Lease renewal
+    dns: kubelet.ClusterDNS | None = None  # the cluster's DNS as last looked up
+    dns_checked: float = 0.0  # monotonic: when it was looked up
 
     def __post_init__(self) -> None:
         self.api = k8s_client.from_kubeconfig(self.kubeconfig)
@@ -634,9 +643,8 @@ class Sim:
                 source = run.folder / "volumes" / mount["name"]
             if mount.get("subPath"):
                 source = source / mount["subPath"]
-            found.append(
-                kubelet.Mount(str(source), mount["mountPath"], bool(mount.get("readOnly")))
-            )
+            read_only, file = bool(mount.get("readOnly")), source.is_file()  # a subPath key
+            found.append(kubelet.Mount(str(source), mount["mountPath"], read_only, file))
         return found
 
     def start_container(
@@ -649,16 +657,60 @@ class Sim:
     ) -> None:
         env = kubelet.container_env(pod, spec, lookup, self.image_env(pod))
         argv = kubelet.command_line(spec, env)
-        mounts = self.mounts(pod, run, spec)
+        mounts = self.mounts(pod, run, spec) + self.network_files(pod, run)
         suffix = "" if spec is pod["spec"]["containers"][0] else f".{spec['name']}"
         log = self.folder / "trainers" / f"{run.node}.{run.namespace}.{run.name}{suffix}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        launch = kubelet.launcher(mounts, argv, _image_folders())
+        hostname = kubelet.uts_hostname(pod, self.cluster_dns().domain)
+        launch = kubelet.launcher(mounts, argv, _image_folders(), hostname)
         container.process = _spawn(launch, log, env, inherit=False)
         container.started = _now()
         container.not_before = 0.0
         log.with_suffix(".pid").write_text(str(container.process.popen.pid))
         run.waiting = ""
+
+    def network_files(self, pod: dict[str, Any], run: PodRun) -> list[kubelet.Mount]:
+        """The pod's ``/etc/resolv.conf`` and ``/etc/hosts``, written once (a kubelet writes
+        them with the sandbox) and bound over the machine's in every container."""
+        folder = run.folder / "etc"
+        files = {"resolv.conf": folder / "resolv.conf", "hosts": folder / "hosts"}
+        if not all(f.exists() for f in files.values()):
+            cluster_dns = self.cluster_dns()
+            folder.mkdir(parents=True, exist_ok=True)
+            files["resolv.conf"].write_text(
+                kubelet.resolv_conf(pod, cluster_dns, _read("/etc/resolv.conf"))
+            )
+            files["hosts"].write_text(
+                kubelet.hosts_file(pod, _read("/etc/hosts"), cluster_dns.domain)
+            )
+        return [kubelet.Mount(str(f), f"/etc/{name}", file=True) for name, f in files.items()]
+
+    def cluster_dns(self) -> kubelet.ClusterDNS:
+        """The kubelet's ``clusterDNS``: the loopback address of the cluster's CoreDNS, as its
+        kube-dns Service publishes it. None published (a cluster not made by ``cluster up``),
+        or not on port 53: no cluster DNS, and ``ClusterFirst`` pods get the machine's
+        resolv.conf, as from a kubelet without ``clusterDNS`` (looked for again later)."""
+        now = time.monotonic()
+        if self.dns is not None and (
+            self.dns.nameservers or now < self.dns_checked + DNS_RECHECK_SECONDS
+        ):
+            return self.dns
+        self.dns_checked = now
+        try:
+            raw = self.api.core.read_namespaced_service(
+                "kube-dns", "kube-system", _preload_content=False
+            )
+            found = dns.published_address(json.loads(raw.data))
+        except Exception as error:
+            if not k8s_client.is_status(error, 404):
+                raise
+            found = None
+        nameservers = (found[0],) if found and found[1] == dns.PORT else ()
+        if not nameservers and self.dns is None:
+            print("sim: no cluster DNS on port 53 (kube-system/kube-dns): pods get this "
+                  "machine's resolv.conf", file=sys.stderr)  # fmt: skip
+        self.dns = kubelet.ClusterDNS(nameservers, dns.DOMAIN)
+        return self.dns
 
     def statuses(self, pod: dict[str, Any], run: PodRun) -> list[dict[str, Any]]:
         found = []
@@ -743,14 +795,15 @@ def withdraw_lease(api: k8s_client.Api, namespace: str, node: str) -> None:
 
 def _image_env(pod: Mapping[str, Any]) -> dict[str, str]:
     """The environment of the matrixpool image, stood in for by the sim's own installation
-    (its Python first on PATH), plus the pod's HOSTNAME."""
+    (its Python first on PATH), plus HOSTNAME as a runtime sets it (the pod's hostname; the
+    machine's for a host-network pod)."""
     env = {
         "PATH": os.pathsep.join(
             [str(Path(sys.executable).parent), os.defpath.strip(":") or "/usr/bin:/bin"]
         ),
         "HOME": "/root",
         "LANG": "C.UTF-8",
-        "HOSTNAME": pod["metadata"]["name"],
+        "HOSTNAME": kubelet.uts_hostname(pod) or socket.gethostname(),
     }
     if os.environ.get("PYTHONPATH"):  # a checkout run from its source tree
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
@@ -769,6 +822,13 @@ def _image_folders() -> list[str]:
         folders.add(str(Path(module.__file__ or ".").resolve().parent.parent))
     folders |= {p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
     return sorted(folders)
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
 
 
 def _now() -> str:
