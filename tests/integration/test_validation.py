@@ -408,10 +408,10 @@ def test_valid_variant_is_accepted(
 
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
 def test_example_is_accepted(cluster: framework.TestCluster, namespace: str, path: Path) -> None:
-    manifest = yaml.safe_load(path.read_text())
-    assert "namespace" not in manifest["metadata"], "examples must work with kubectl apply -n"
-    result = _apply(cluster, manifest, namespace)
-    assert result.returncode == 0, result.stderr
+    for manifest in yaml.safe_load_all(path.read_text()):  # a job with its script's ConfigMap
+        assert "namespace" not in manifest["metadata"], "examples must work with kubectl apply -n"
+        result = _apply(cluster, manifest, namespace)
+        assert result.returncode == 0, result.stderr
 
 
 def test_defaults_are_filled_in_by_the_api_server(
