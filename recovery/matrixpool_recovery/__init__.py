@@ -4,6 +4,8 @@ Imports neither kopf nor a Kubernetes client: it ships inside training images. T
 of DESIGN.md's recovery contract:
 
 * ``client.Checkpointer`` — the trainer side: save, restore, latest (one per rank).
+* ``torch`` — the same tiers as ``torch.distributed.checkpoint`` storage (``StorageWriter``,
+  ``StorageReader``, ``latest``); the one module that imports torch.
 * ``daemon`` — the node checkpoint daemon (``matrixpool-ckpt-daemon``), with ``memory`` (tier 1)
   and ``files`` (tiers 2 and 3) as its stores.
 * ``staging``, ``shard``, ``checksum``, ``manifest`` — bytes, format, integrity, commit rule.

@@ -630,6 +630,12 @@ class Copies:
             )
         return found
 
+    def state(
+        self, rank: int, point: manifest.Point, into: Mapping[str, Any] | None = None
+    ) -> tuple[dict[str, Any], str]:
+        """The state `rank`'s shard at `point` holds, read whole and verified (``read``)."""
+        return self.read(rank, point, _state_of(into))
+
 
 def _state_of(into: Mapping[str, Any] | None) -> Callable[[Stream], dict[str, Any]]:
     """Reads a whole shard, verified, into a state (filling `into`'s arrays and tensors)."""

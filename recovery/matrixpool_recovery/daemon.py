@@ -823,6 +823,11 @@ class Handler(BaseHTTPRequestHandler):
                 self.wfile.flush()
                 self.connection.sendfile(file, 0, size)
             metrics.observe(tier, metrics.SERVE, size, time.perf_counter() - started)
+        except (BrokenPipeError, ConnectionResetError) as err:
+            # The reader stopped: it wanted the start of the shard only (the DCP Metadata of
+            # matrixpool_recovery.torch), or it is gone. Not the daemon's failure.
+            log.debug("GET %s: the reader closed the connection (%r)", self.path, err)
+            self.close_connection = True
         except OSError:
             metrics.failed(tier, metrics.SERVE)
             raise

@@ -11,6 +11,11 @@ new id makes the trainers reload, even at the same step). ``{"fresh": true, "inc
 "recovery": "r1"}`` tells a rank of a job that had no checkpoint yet to start again from step 0
 as the new incarnation, reading nothing. The plain forms ``latest`` and ``<step>`` are read too.
 
+A pod sees its annotations in the downward-API file ``MATRIXPOOL_ANNOTATIONS_FILE``
+(``key="value"`` lines, replaced whole by the kubelet): :func:`read_annotations` reads it, and
+:data:`ANNOTATION` is this annotation's key in it (``matrixpool.api.labels.RESTORE``; the
+training images' package does not import the operator's).
+
 Errors: :func:`parse_restore` raises ValueError for a value it cannot read (:func:`restore_id`
 reads such a value as naming no recovery); :func:`restore_value` raises ValueError for a fresh
 start that names a step.
@@ -22,6 +27,9 @@ import datetime
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
+
+ANNOTATION = "matrixpool.dev/restore"  # the pod annotation this module reads and writes
 
 
 @dataclass(frozen=True)
@@ -120,3 +128,23 @@ def restore_id(value: str | None) -> str:
     except ValueError:
         return ""
     return parsed.recovery if parsed else ""
+
+
+def read_annotations(path: str | Path | None) -> dict[str, str]:
+    """A downward-API annotations file (``key="value"`` lines, the values JSON strings); {}
+    when there is none or it cannot be read (the kubelet may be replacing it)."""
+    if not path:
+        return {}
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        return {}
+    found = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            try:
+                found[key] = str(json.loads(value))
+            except ValueError:
+                continue
+    return found

@@ -1,7 +1,9 @@
 """Fixtures of the PyTorch tests: checkpoint daemons on loopback (``Cluster`` of
-tests/checkpoint) and ranks of the real torch trainer
-(``python -m matrixpool.devcluster.torch_trainer``) as processes, each given the pod contract's
-env by hand, as the operator's pod would (no Kubernetes).
+tests/checkpoint), ranks of the real torch trainer
+(``python -m matrixpool.devcluster.torch_trainer``, ``Job``) and of the DCP test trainer
+(``python -m tests.torch.dcp_worker``, ``Gang``: torchrun's env:// rendezvous on 127.0.0.1) as
+processes, each given the pod contract's env by hand, as the operator's pod would (no
+Kubernetes).
 
 Needs torch: run with the venv ``tools/torch-venv.sh`` makes,
 ``.venv-torch/bin/pytest tests/torch -q``; without torch every test here is skipped, except
@@ -14,10 +16,11 @@ import importlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +56,39 @@ def annotate(path: Path, values: dict[str, str]) -> None:
     temporary = path.with_name(path.name + ".new")
     temporary.write_text(text)
     temporary.replace(path)
+
+
+def pod_env(
+    cluster: Cluster,
+    job: str,
+    rank: int,
+    world: int,
+    node: str,
+    spec: dict[str, Any],
+    incarnation: int,
+    annotations: Path,
+) -> dict[str, str]:
+    """This process's env without MATRIXPOOL_*, plus what the operator's pod of ``rank``
+    carries (docs/concepts.md, "What your training container gets"); the job's token file and
+    an empty annotations file made if missing."""
+    token = cluster.root / f"{job}.token"
+    if not token.exists():
+        token.touch(mode=0o600)
+        token.write_text(job_token(job))
+    if not annotations.exists():
+        annotate(annotations, {})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MATRIXPOOL_")}
+    return env | {
+        "MATRIXPOOL_JOB": job,
+        "MATRIXPOOL_RANK": str(rank),
+        "MATRIXPOOL_WORLD_SIZE": str(world),
+        "MATRIXPOOL_INCARNATION": str(incarnation),
+        "MATRIXPOOL_CHECKPOINT": json.dumps(spec),
+        "MATRIXPOOL_CKPT_DAEMON": cluster.address(node),
+        "MATRIXPOOL_CKPT_TOKEN_FILE": str(token),
+        "MATRIXPOOL_ANNOTATIONS_FILE": str(annotations),
+        "OMP_NUM_THREADS": "1",
+    }
 
 
 def wait_until(check: Callable[[], Any], what: str, deadline: float = DEADLINE) -> Any:
@@ -123,27 +159,21 @@ class Job:
     def launch(self, rank: int, incarnation: int, pause: float = 0.0) -> Rank:
         """Start rank ``rank`` with the env its pod would have; its annotations file as the
         test last wrote it."""
-        token = self.cluster.root / f"{self.name}.token"
-        if not token.exists():
-            token.touch(mode=0o600)
-            token.write_text(job_token(self.name))
-        if not self.annotations(rank).exists():
-            annotate(self.annotations(rank), {})
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MATRIXPOOL_")}
+        env = pod_env(
+            self.cluster,
+            self.name,
+            rank,
+            self.world,
+            self.node(rank),
+            self.spec,
+            incarnation,
+            self.annotations(rank),
+        )
         env |= {
-            "MATRIXPOOL_JOB": self.name,
-            "MATRIXPOOL_RANK": str(rank),
-            "MATRIXPOOL_WORLD_SIZE": str(self.world),
-            "MATRIXPOOL_INCARNATION": str(incarnation),
-            "MATRIXPOOL_CHECKPOINT": json.dumps(self.spec),
-            "MATRIXPOOL_CKPT_DAEMON": self.cluster.address(self.node(rank)),
-            "MATRIXPOOL_CKPT_TOKEN_FILE": str(token),
-            "MATRIXPOOL_ANNOTATIONS_FILE": str(self.annotations(rank)),
             "MATRIXPOOL_SIM_STEPS": str(self.steps),
             "MATRIXPOOL_SIM_STEP_SECONDS": str(pause),
             "MATRIXPOOL_TORCH_WIDTH": str(WIDTH),
             "MATRIXPOOL_TORCH_TIMEOUT_SECONDS": str(DEADLINE),
-            "OMP_NUM_THREADS": "1",
         }
         if self.rendezvous is not None:
             env["MATRIXPOOL_TORCH_RENDEZVOUS"] = str(self.rendezvous)
@@ -172,6 +202,86 @@ class Job:
     def stop(self) -> None:
         for rank in self.ranks:
             rank.kill()
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now: torchrun's MASTER_PORT for one run of a gang."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@dataclass
+class Gang:
+    """A job of DCP test trainers (``tests/torch/dcp_worker.py``), one process per rank,
+    joined by torchrun's env:// rendezvous on 127.0.0.1; rank r on NODES[r] unless moved."""
+
+    cluster: Cluster
+    name: str  # the job (its UID to the daemons)
+    spec: dict[str, Any]  # spec.checkpoint
+    world: int = 2
+
+    def annotations(self, rank: int) -> Path:
+        return self.cluster.root / f"{self.name}-{rank}.annotations"
+
+    def restore(self, value: str) -> None:
+        """Every rank's ``matrixpool.dev/restore`` annotation, as a recovery writes it."""
+        for rank in range(self.world):
+            annotate(self.annotations(rank), {labels.RESTORE: value})
+
+    def run(
+        self,
+        *args: str,
+        incarnation: int,
+        nodes: Sequence[str] = NODES,
+        failing: Sequence[int] = (),
+    ) -> list[list[dict[str, Any]]]:
+        """Run ``python -m tests.torch.dcp_worker ARGS`` as every rank at once (rank r's daemon
+        on ``nodes[r]``); each rank's JSON lines. Every rank must exit 0 but those in
+        ``failing``, which must not."""
+        env = {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(free_port()),
+            "WORLD_SIZE": str(self.world),
+            "GLOO_SOCKET_IFNAME": "lo",  # gloo's own sockets on loopback too
+        }
+        processes = []
+        for rank in range(self.world):
+            pod = pod_env(
+                self.cluster,
+                self.name,
+                rank,
+                self.world,
+                nodes[rank],
+                self.spec,
+                incarnation,
+                self.annotations(rank),
+            )
+            processes.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "tests.torch.dcp_worker", *args],
+                    cwd=ROOT,
+                    env=pod | env | {"RANK": str(rank), "LOCAL_RANK": "0"},
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                )
+            )
+        return [self._finish(rank, p, rank in failing) for rank, p in enumerate(processes)]
+
+    def _finish(
+        self, rank: int, process: subprocess.Popen[bytes], failing: bool
+    ) -> list[dict[str, Any]]:
+        try:
+            out, err = process.communicate(timeout=DEADLINE)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            out, err = process.communicate(timeout=30)
+        tail = err.decode(errors="replace")[-4000:]
+        if failing:
+            assert process.returncode != 0, f"rank {rank} was to fail but exited 0"
+        else:
+            assert process.returncode == 0, f"rank {rank} exited {process.returncode}:\n{tail}"
+        return [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
 
 
 @pytest.fixture
