@@ -36,8 +36,9 @@ is raised: ``errors.TierWriteError``, inside DCP's ``CheckpointException``). The
 lent to the Checkpointer (``borrow``: CPU tensors are not copied again). For
 ``dcp.async_save`` the writer is DCP's ``AsyncStager``: it stages into one CPU copy per
 process, made once per layout of the state and reused (pinned when an accelerator is
-present), so the training loop stalls for that copy only; the next ``async_save`` waits
-until the previous save has written the copy into its daemon.
+present), so the training loop stalls for that copy only. The copy is lent to the save
+until it has been written into the daemon; an ``async_save`` made before that (the previous
+one not awaited) stages into a fresh copy instead of waiting.
 
 Restoring (``StorageReader``). The checkpoint's copies are looked up once per load: the node's
 daemon, the daemons the restore annotation names, the peers, tier 3 (``client.Copies``).
@@ -60,9 +61,8 @@ hold; with a process group up, every rank calls it and all get the lowest any fo
 Errors: ``errors.NoCheckpointError`` (no such step, no valid copy of a rank's shard),
 ``errors.IntegrityError`` (a stored item of the wrong size), ``errors.TierWriteError`` (a
 save's tier failed), ``ValueError`` (no ``checkpoint_id``, a process group whose ranks are not
-the job's, an unreadable restore annotation), ``TimeoutError`` (an async save still holding
-the staged copy). Needs torch >= 2.6 (``torch.accelerator``; tested with 2.15,
-``tools/torch-venv.sh``); the rest of the package imports without torch.
+the job's, an unreadable restore annotation). Needs torch >= 2.6 (``torch.accelerator``;
+tested with 2.15, ``tools/torch-venv.sh``); the rest of the package imports without torch.
 """
 
 from __future__ import annotations
@@ -84,6 +84,7 @@ from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint import planner as dcp_planner
 from torch.distributed.checkpoint import storage as dcp_storage
 from torch.distributed.checkpoint.staging import AsyncStager
+from torch.distributed.tensor import DTensor
 from torch.futures import Future
 
 from matrixpool_recovery import checksum, client, errors, manifest, names, restore, staging
@@ -104,28 +105,35 @@ class Stored:
 
 
 class StagedCopy:
-    """The CPU copy async saves stage into: made once per layout of the state, reused, pinned
-    when an accelerator is present; lent to one save at a time (a lease)."""
+    """The CPU copy async saves stage into: made once per layout of the state and reused,
+    pinned when an accelerator is present, lent to one save at a time (a lease). A save staged
+    while the copy is still lent (the previous async save not done yet, or failed before it
+    wrote) gets a copy of its own, made then and dropped after."""
 
     def __init__(self) -> None:
         self._copy: dict[str, Any] | None = None  # the staged state dict
+        self._layout: Any = None  # the layout it was made for (``layout``)
         self._lease: object | None = None  # the save reading it; None: free
-        self._free = threading.Condition()
+        self._lock = threading.Lock()
 
-    def stage(self, state_dict: dict[str, Any], timeout: float) -> tuple[dict[str, Any], object]:
-        """Copy `state_dict` into the staged copy, once the previous save gave it back."""
-        lease = object()
-        with self._free:
-            if not self._free.wait_for(lambda: self._lease is None, timeout):
-                raise TimeoutError(f"the previous async save held its staged copy for {timeout}s")
-            self._lease = lease
+    def stage(self, state_dict: dict[str, Any]) -> tuple[dict[str, Any], object | None]:
+        """A copy of `state_dict` and its lease (None: a copy of its own, nothing to give back)."""
+        pinned = torch.accelerator.is_available()
+        lease: object | None = object()
+        with self._lock:
+            if self._lease is None:
+                self._lease = lease
+            else:
+                lease = None
         try:
-            pinned = torch.accelerator.is_available()
-            if self._copy is None or not state_dicts._check_state_dict_similarity(
-                state_dict, self._copy
-            ):
-                self._copy = state_dicts._create_cpu_state_dict(state_dict, pin_memory=pinned)
-            staged = state_dicts._copy_state_dict(state_dict, self._copy, non_blocking=pinned)
+            shape = layout(state_dict)
+            if lease is None or self._copy is None or shape != self._layout:
+                made = state_dicts._create_cpu_state_dict(state_dict, pin_memory=pinned)
+                if lease is not None:
+                    self._copy, self._layout = made, shape
+            else:
+                made = self._copy
+            staged = state_dicts._copy_state_dict(state_dict, made, non_blocking=pinned)
             if pinned:
                 torch.accelerator.synchronize()
         except BaseException:
@@ -133,12 +141,26 @@ class StagedCopy:
             raise
         return staged, lease
 
-    def release(self, lease: object) -> None:
+    def release(self, lease: object | None) -> None:
         """The save holding `lease` no longer reads the copy (a stale lease changes nothing)."""
-        with self._free:
-            if self._lease is lease:
+        with self._lock:
+            if lease is not None and self._lease is lease:
                 self._lease = None
-                self._free.notify_all()
+
+
+def layout(value: Any) -> Any:
+    """The structure of a state dict, with each tensor's type, dtype and (local) shape: what a
+    staged copy must match to be reused. (torch's own check copies every tensor to compare.)"""
+    if isinstance(value, Mapping):
+        return tuple((key, layout(item)) for key, item in value.items())
+    if isinstance(value, list | tuple):
+        return (type(value).__name__, tuple(layout(item) for item in value))
+    if isinstance(value, DTensor):
+        local = value.to_local()
+        return ("DTensor", value.dtype, tuple(value.shape), tuple(local.shape), value.placements)
+    if torch.is_tensor(value):
+        return ("Tensor", value.dtype, tuple(value.shape))
+    return type(value).__name__
 
 
 class Rank:
@@ -338,7 +360,7 @@ class StorageWriter(dcp_storage.StorageWriter, AsyncStager):
 
     def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
         me = self._me()
-        staged, self._lease = me.staged.stage(state_dict, me.checkpointer.timeout)
+        staged, self._lease = me.staged.stage(state_dict)
         weakref.finalize(self, me.staged.release, self._lease)  # a save that failed early
         return staged
 

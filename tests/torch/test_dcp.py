@@ -251,6 +251,28 @@ def test_async_save_returns_once_staged_and_saves_what_was_staged(
         assert one(lines, "loaded")["loaded"] == check["staged"]
 
 
+def test_async_saves_stage_into_one_reused_copy_and_an_overlapping_one_into_its_own() -> None:
+    staged = dcp_storage.StagedCopy()
+    state = {"w": torch.ones(4), "nested": {"b": torch.zeros(2, dtype=torch.bfloat16)}, "n": 3}
+    first, lease = staged.stage(state)
+    overlapping, none = staged.stage(state)  # the first save still reads its copy
+    assert none is None
+    assert overlapping["w"].data_ptr() != first["w"].data_ptr()
+    staged.release(lease)
+    state["w"].add_(1)
+    again, lease = staged.stage(state)
+    assert lease is not None
+    assert again["w"].data_ptr() == first["w"].data_ptr()  # the copy, reused
+    assert torch.equal(again["w"], torch.full((4,), 2.0))
+    state["w"].add_(1)  # the loop goes on: the staged copy keeps what was staged
+    assert torch.equal(again["w"], torch.full((4,), 2.0))
+    assert again["n"] == 3
+    staged.release(lease)
+    bigger = {**state, "w": torch.ones(8)}
+    resized, _ = staged.stage(bigger)  # another layout: a new copy
+    assert resized["w"].shape == (8,)
+
+
 def test_the_restore_annotation_is_read_from_the_pods_annotations_file(tmp_path: Path) -> None:
     path = tmp_path / "annotations"
     value = restore_codec.restore_value(4, ["10.0.0.7:7040"], "r1", incarnation=9, of=7)
