@@ -3,6 +3,7 @@
 Run from the repository root::
 
     .venv/bin/python benchmarks/checkpoint.py --json [--sizes 1Gi,4Gi] [--repeat 3]
+    .venv-torch/bin/python benchmarks/checkpoint.py --json --rows dcp   # the DCP rows (torch)
 
 For each state size it measures, in one run, the baselines and the data plane:
 
@@ -29,6 +30,15 @@ state held, which keeps peak memory at about four times the state). The figures 
 the medians of the warm repetitions; the cold ones are printed beside them. The baselines are
 measured again right before each repetition and every ratio is taken within its repetition, so
 that load from other processes on a shared machine moves both sides of a ratio alike.
+
+The DCP rows (``--rows dcp``, or ``data-plane,dcp``; need torch: ``tools/torch-venv.sh``) time
+``torch.distributed.checkpoint`` on one rank (a one-process gloo group), the same state of 4
+float32 tensors, in one run: ``dcp.save`` and ``dcp.async_save`` with DCP's own
+``FileSystemWriter`` to a folder on the local disk (its defaults: one file per rank, fsync), then
+with ``matrixpool_recovery.torch.StorageWriter`` to node a's daemon (tier 1 every step, no peer
+copy: the local tiers of each side). For each: the stall (how long the call blocks the
+training loop) and, for ``async_save``, until its future is done. ``async_stall_vs_fs_save``
+is our async stall over the file writer's ``save``; the goal is at most 0.1.
 """
 
 from __future__ import annotations
@@ -65,6 +75,8 @@ GOALS = {
     "peer_vs_loopback": (">=", 0.5),
     "restore_peer_vs_loopback": (">=", 0.5),
 }
+DCP_GOALS = {"async_stall_vs_fs_save": ("<=", 0.10)}
+ROWS = ("data-plane", "dcp")  # what --rows may name
 
 
 def gbps(size: int, seconds: float) -> float:
@@ -284,9 +296,101 @@ def figures(size: int, runs: list[dict[str, float]]) -> dict[str, Any]:
     }
 
 
-def met(key: str, value: float) -> bool:
-    sense, bound = GOALS[key]
+def met(key: str, value: float, goals: dict[str, tuple[str, float]] = GOALS) -> bool:
+    sense, bound = goals[key]
     return value <= bound if sense == "<=" else value >= bound
+
+
+# --- torch.distributed.checkpoint: our storage writer against DCP's FileSystemWriter ---
+
+
+def run_dcp(size: int, repeat: int, root: Path) -> dict[str, Any]:
+    """The DCP rows of one size (torch imported here: the other rows do without it)."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    from matrixpool_recovery import torch as dcp_storage
+
+    part = size // PARTS // 4
+    state = {f"layer{i}": torch.rand(part, dtype=torch.float32) for i in range(PARTS)}
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    disk = Path(tempfile.mkdtemp(prefix="mp-bench-dcp-", dir=os.environ.get("TMPDIR", "/var/tmp")))
+    spec = CheckpointSpec(memory_every=1, peer_replicas=0)
+    runs: list[dict[str, float]] = []
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with daemons(root, 2 * total + (1 << 30)) as nodes:
+            rank = dcp_storage.Rank(Checkpointer("bench", 0, 1, nodes["a"], TOKEN, spec=spec))
+
+            def files(step: int) -> tuple[Any, str]:
+                folder = str(disk / f"step-{step}")
+                return dcp.FileSystemWriter(folder), folder
+
+            def ours(step: int) -> tuple[Any, str]:
+                return dcp_storage.StorageWriter(rank=rank), str(step)
+
+            try:
+                for step in range(1, repeat + 2):
+                    run = dcp_timings(dcp, state, 2 * step, files, "fs")
+                    shutil.rmtree(disk, ignore_errors=True)
+                    run |= dcp_timings(dcp, state, 2 * step, ours, "ours", lambda: clear(nodes))
+                    clear(nodes)
+                    runs.append(run)
+            finally:
+                rank.checkpointer.close()
+    finally:
+        dist.destroy_process_group()
+        shutil.rmtree(disk, ignore_errors=True)
+    return dcp_figures(total, runs)
+
+
+def dcp_timings(
+    dcp: Any,
+    state: dict[str, Any],
+    step: int,
+    writer: Any,
+    name: str,
+    between: Any = None,
+) -> dict[str, float]:
+    """``dcp.save`` of `step` then ``dcp.async_save`` of the next, a fresh writer each
+    (``writer(step)``: the writer and its checkpoint_id); ``between()`` runs between the two
+    (the daemon drops the first: two 4 GiB copies would not fit beside the rest)."""
+    saving, checkpoint = writer(step)
+    started = time.perf_counter()
+    dcp.save(state, checkpoint_id=checkpoint, storage_writer=saving)
+    saved = time.perf_counter() - started
+    if between is not None:
+        between()
+    saving, checkpoint = writer(step + 1)
+    started = time.perf_counter()
+    future = dcp.async_save(state, checkpoint_id=checkpoint, storage_writer=saving)
+    stall = time.perf_counter() - started
+    future.result()
+    return {
+        f"{name}_save_s": saved,
+        f"{name}_async_stall_s": stall,
+        f"{name}_async_done_s": time.perf_counter() - started,
+    }
+
+
+def dcp_figures(size: int, runs: list[dict[str, float]]) -> dict[str, Any]:
+    def ratios(run: dict[str, float]) -> dict[str, float]:
+        return run | {
+            "fs_save_gbps": gbps(size, run["fs_save_s"]),
+            "ours_save_gbps": gbps(size, run["ours_save_s"]),
+            "async_stall_vs_fs_save": run["ours_async_stall_s"] / run["fs_save_s"],
+            "fs_async_stall_vs_fs_save": run["fs_async_stall_s"] / run["fs_save_s"],
+        }
+
+    warm = [ratios(run) for run in runs[1:]]
+    median = {key: statistics.median(r[key] for r in warm) for key in warm[0]}
+    return {
+        **median,
+        "warm_runs": len(warm),
+        "cold": ratios(runs[0]),
+        "goals_met": {key: met(key, median[key], DCP_GOALS) for key in DCP_GOALS},
+    }
 
 
 def main() -> int:
@@ -294,20 +398,35 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--sizes", default="1Gi,4Gi", help="state sizes, e.g. 256Mi,1Gi")
     parser.add_argument("--repeat", type=int, default=3, help="warm repetitions per size")
+    parser.add_argument(
+        "--rows", default="data-plane", help=f"comma-separated, of {', '.join(ROWS)}"
+    )
     parser.add_argument("--sink", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.sink:
         sink(args.sink)
         return 0
+    rows = args.rows.split(",")
+    if not set(rows) <= set(ROWS):
+        parser.error(f"--rows: {args.rows!r} names rows other than {', '.join(ROWS)}")
     root = Path(tempfile.mkdtemp(prefix="mp-bench-", dir="/dev/shm"))
+    results: dict[str, dict[str, Any]] = {}
     try:
-        results = {
-            text: run_size(parse_bytes(text), max(1, args.repeat), root / text)
-            for text in args.sizes.split(",")
-        }
+        for text in args.sizes.split(","):
+            size, repeat = parse_bytes(text), max(1, args.repeat)
+            results[text] = {"bytes": size}
+            if "data-plane" in rows:
+                results[text] |= run_size(size, repeat, root / text)
+            if "dcp" in rows:
+                results[text]["dcp"] = run_dcp(size, repeat, root / f"{text}-dcp")
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    report = {"machine": {"cpus": os.cpu_count()}, "goals": GOALS, "sizes": results}
+    goals = {"data-plane": GOALS, "dcp": DCP_GOALS}
+    report = {
+        "machine": {"cpus": os.cpu_count()},
+        "goals": {row: goals[row] for row in rows},
+        "sizes": results,
+    }
     print(json.dumps(report, indent=2 if not args.json else None))
     return 0
 
