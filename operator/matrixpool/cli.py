@@ -146,6 +146,8 @@ def _parser() -> argparse.ArgumentParser:
         ("daemon-up", "let matrixpool sim start NODE's checkpoint daemon again"),
         ("kubelet-stop", "kill real NODE's kubelet (its containers go on running)"),
         ("kubelet-start", "start real NODE's kubelet again"),
+        ("power-off", "cut real NODE's power: kubelet, containerd, containers, memory, address"),
+        ("power-on", "boot real NODE again (empty memory folder); returns once it is Ready"),
     ):
         sub = fault.add_parser(name, help=help_)
         sub.add_argument("node", nargs="+")
@@ -354,10 +356,18 @@ def _fault(args: argparse.Namespace) -> int:
     from matrixpool.devcluster import cluster, faults
 
     kubeconfig = Path(cluster.Cluster().kubeconfig)
-    if args.fault in ("kubelet-stop", "kubelet-start"):
+    real_faults = {
+        "kubelet-stop": cluster.Cluster.stop_kubelet,
+        "kubelet-start": cluster.Cluster.start_kubelet,
+        "power-off": cluster.Cluster.power_off,
+        "power-on": cluster.Cluster.power_on,
+    }
+    if args.fault in real_faults:
         local = cluster.Cluster()
         for node in args.node:
-            (local.stop_kubelet if args.fault == "kubelet-stop" else local.start_kubelet)(node)
+            if node not in local.real_nodes():
+                raise SystemExit(f"{node} is not a real node of this cluster")
+            real_faults[args.fault](local, node)
             print(f"{args.fault} {node}")
         return 0
     if args.fault == "cards":

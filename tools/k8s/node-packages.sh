@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The container runtime of the real nodes (matrixpool cluster up --real-nodes N): containerd,
-# runc and the CNI plugins from Debian's packages, plus iproute2 and iptables for the nodes'
-# network namespaces. Installs what is missing (apt-get, as root) and says so; checks that the
-# installed upstream versions are the ones tools/k8s/versions.env pins. Idempotent.
+# runc and the CNI plugins from Debian's packages, plus iproute2 for the nodes' network
+# namespaces and iptables for kube-proxy (iptables mode) and the CNI bridge's masquerading.
+# Installs what is missing (apt-get, as root) and says so; checks that the installed upstream
+# versions are the ones tools/k8s/versions.env pins. Idempotent.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=versions.env
@@ -34,4 +35,4 @@ for p in "${!wanted[@]}"; do
     exit 1
   fi
 done
-log "containerd $(installed containerd), runc $(installed runc), CNI plugins $(installed containernetworking-plugins)"
+log "containerd $(installed containerd), runc $(installed runc), CNI plugins $(installed containernetworking-plugins), iptables $(installed iptables)"

@@ -213,6 +213,13 @@ class Cluster:
         """Names of the real nodes, in order."""
         return sorted(self._read_state().get("real", {}).get("nodes", {}), key=_node_order)
 
+    def run_on_real_node(self, node: str, *args: str) -> subprocess.CompletedProcess[str]:
+        """Run ``args`` as on real ``node``: in its network and mount namespaces (what its own
+        shell would see: its memory folder, its address)."""
+        real = self._real_node(node)
+        argv = realnodes.in_node(self._network(), real.index, *args)
+        return subprocess.run(argv, capture_output=True, text=True, check=False)
+
     def kill_container(self, node: str, container_id: str) -> None:
         """SIGKILL a container's process on real ``node`` (a crash, as its kubelet sees it)."""
         realnodes.ctr(self._real_node(node), "tasks", "kill", "--signal=SIGKILL", container_id)
@@ -241,12 +248,19 @@ class Cluster:
                 alive = all(_alive(int(p)) for p in known.get("pids", {}).values())
                 if known.get("pids") and alive:
                     continue
-                realnodes.ensure_namespace(network, index, ports.apiserver)
+                if known.get("power") == "off":
+                    self._say(f"    {node.name} is powered off (cluster fault power-on)")
+                    continue
+                realnodes.ensure_namespace(network, index)
                 client = certs.client_cert(
                     self.folder / "pki", f"system:node:{node.name}", ["system:nodes"]
                 )
                 server = f"https://{network.gateway}:{ports.apiserver}"
                 realnodes.prepare(node, network, server=server, pki=pki, client_cert=client)
+                proxy = certs.client_cert(self.folder / "pki", realnodes.KUBE_PROXY_USER, [])
+                realnodes.prepare_kube_proxy(
+                    node, network, server=server, ca_cert=pki.ca_cert, client_cert=proxy
+                )
                 realnodes.ensure_mount_namespace(network, node)
                 node_labels = realnodes.node_labels(index, nodes_per_rack, supernode)
                 self._record_real(
@@ -260,9 +274,24 @@ class Cluster:
                 )
                 state = self._read_state()
             realnodes.ensure_routes(network, count)
-            self._wait_real_ready([f"{realnodes.NODE_PREFIX}{i}" for i in range(count)])
+            names = [f"{realnodes.NODE_PREFIX}{i}" for i in range(count)]
+            self._wait_real_ready(names)
+            for name in names:
+                self._start_kube_proxy(name)
 
-        self._phase(f"{count} real nodes (kubelet + containerd)", create)
+        self._phase(f"{count} real nodes (kubelet + kube-proxy + containerd)", create)
+
+    def _start_kube_proxy(self, name: str) -> None:
+        """The node's kube-proxy (once its kubelet registered the Node), until its rules carry
+        the kubernetes and kube-dns Services."""
+        node, network = self._real_node(name), self._network()
+        pids = self._read_state()["real"]["nodes"][name].get("pids", {})
+        if pids.get("kube-proxy") and _alive(int(pids["kube-proxy"])):
+            return
+        args = realnodes.kube_proxy_args(node, network, self.bin_dir)
+        self._spawn_real(node, "kube-proxy", args)
+        services = ("default/kubernetes:https", "kube-system/kube-dns:dns")
+        realnodes.wait_kube_proxy(network, node.index, services)
 
     def _wait_real_ready(self, names: list[str], timeout: float = 180) -> None:
         from matrixpool.devcluster import nodes  # kubernetes client: only when needed
@@ -280,6 +309,49 @@ class Cluster:
         state = self._read_state()
         state["real"]["nodes"][node.name].setdefault("pids", {})[component] = pid
         self._write_state(state)
+
+    def power_off(self, name: str) -> None:
+        """Cut real node ``name``'s power: its kubelet, kube-proxy and containerd and every
+        container on it (the checkpoint daemon's too) die at once (SIGKILL: nothing is told,
+        nothing is reported), what lived in its memory is gone (its tmpfs, containerd's state,
+        the kubelet's volume mounts) and its address answers no more. Its disks stay."""
+        state = self._read_state()
+        facts = state["real"]["nodes"][name]
+        node, network = self._real_node(name), self._network()
+        pids = facts.get("pids", {})
+        for component in ("kubelet", "kube-proxy"):
+            if pids.get(component):
+                _kill_now(int(pids[component]))
+        if pids.get("containerd"):
+            realnodes.kill_containers(realnodes.task_pids(node))
+            _kill_now(int(pids["containerd"]))
+        realnodes.kill_shims(node)
+        state_dir = str(node.folder / "containerd" / "state")
+        volumes = "/var/lib/kubelet/pods"
+        realnodes.unmount_in_node(network, node.index, [state_dir, volumes, *realnodes.TMPFS_PATHS])
+        _remove(Path(state_dir))
+        realnodes.link_down(network, node.index)
+        facts["pids"], facts["power"] = {}, "off"
+        self._write_state(state)
+
+    def power_on(self, name: str, timeout: float = 180) -> None:
+        """Boot real node ``name`` again after :meth:`power_off`: its address back, an empty
+        memory folder, containerd, kubelet and kube-proxy started; returns once it is Ready."""
+        state = self._read_state()
+        facts = state["real"]["nodes"][name]
+        node, network = self._real_node(name), self._network()
+        realnodes.link_up(network, node.index)
+        realnodes.ensure_routes(network, len(state["real"]["nodes"]))
+        realnodes.mount_memory(network, node.index)
+        self._spawn_real(node, "containerd", realnodes.containerd_args(node, network))
+        realnodes.wait_containerd(node)
+        args = realnodes.kubelet_args(node, network, self.bin_dir, facts["labels"])
+        self._spawn_real(node, "kubelet", args)
+        state = self._read_state()
+        state["real"]["nodes"][name]["power"] = "on"
+        self._write_state(state)
+        self._wait_real_ready([name], timeout)
+        self._start_kube_proxy(name)
 
     def stop_kubelet(self, name: str) -> None:
         """Kill one real node's kubelet; its containers go on running (a node whose agent
@@ -323,8 +395,9 @@ class Cluster:
         for name, facts in real.get("nodes", {}).items():
             node = realnodes.Node(facts.get("index", 0), self.folder / "real" / name)
             pids = facts.get("pids", {})
-            if pids.get("kubelet"):
-                _terminate(int(pids["kubelet"]))
+            for component in ("kubelet", "kube-proxy"):
+                if pids.get(component):
+                    _terminate(int(pids[component]))
             if pids.get("containerd") and _alive(int(pids["containerd"])):
                 realnodes.remove_containers(node)
                 _terminate(int(pids["containerd"]))
@@ -347,6 +420,9 @@ class Cluster:
             "kubeconfig": str(self.kubeconfig) if self.kubeconfig.exists() else None,
             "server": f"https://127.0.0.1:{ports['apiserver']}" if ports else None,
             "ready": ports is not None and self._api_ready(Ports(**ports)),
+            "dns": (
+                f"{state['dns']['address']}:{state['dns']['port']}" if state.get("dns") else None
+            ),
             "processes": processes,
         }
 
@@ -412,17 +488,22 @@ class Cluster:
         self._wait_for("etcd", lambda: _http_ok(f"{client}/health", None))
 
     def _start_apiserver(self, bin_dir: Path, ports: Ports, pki: certs.PKI) -> None:
+        real = self._network() if self._read_state().get("real") else None
         self._spawn(
             "kube-apiserver",
             [
                 str(bin_dir / "kube-apiserver"),
                 f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",
                 # Real nodes reach it on their bridge's gateway; else loopback only.
-                f"--bind-address={'0.0.0.0' if self._read_state().get('real') else '127.0.0.1'}",
+                f"--bind-address={'0.0.0.0' if real else '127.0.0.1'}",
                 f"--kubelet-client-certificate={pki.admin_cert}",
                 f"--kubelet-client-key={pki.admin_key}",
                 "--kubelet-preferred-address-types=InternalIP,Hostname",
-                "--advertise-address=127.0.0.1",
+                # With real nodes the kubernetes Service's endpoint is the API server on their
+                # gateway (their kube-proxy carries 10.96.0.1 there); else nothing routes to
+                # it, and loopback may not be published in it.
+                f"--advertise-address={real.gateway if real else '127.0.0.1'}",
+                f"--endpoint-reconciler-type={'lease' if real else 'none'}",
                 f"--secure-port={ports.apiserver}",
                 f"--tls-cert-file={pki.server_cert}",
                 f"--tls-private-key-file={pki.server_key}",
@@ -441,8 +522,6 @@ class Cluster:
                 "--event-ttl=2h",
                 "--profiling=false",
                 "--v=1",
-                # Nothing routes to the kubernetes Service here; do not publish loopback in it.
-                "--endpoint-reconciler-type=none",
                 *self._peer_flags(runtime_config=True),
             ],
         )
@@ -903,6 +982,18 @@ def _terminate(pid: int, grace: float = 10) -> None:
                 _reap(pid)
                 return
             _pause(0.05)
+
+
+def _kill_now(pid: int) -> None:
+    """SIGKILL the process group of ``pid`` (a power cut: no signal to finish on) and reap."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return
+    deadline = clock.SYSTEM.monotonic() + 10
+    while _alive(pid) and clock.SYSTEM.monotonic() < deadline:
+        _pause(0.05)
+    _reap(pid)
 
 
 def _die_with_parent() -> None:

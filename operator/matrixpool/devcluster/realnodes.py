@@ -1,8 +1,9 @@
-"""Real nodes beside the kwok ones: a kubelet and a containerd per node, running real
-containers with runc, each node in a network namespace of its own.
+"""Real nodes beside the kwok ones: a kubelet, a kube-proxy and a containerd per node, running
+real containers with runc, each node in a network namespace of its own.
 
-``matrixpool cluster up --real-nodes N`` calls :func:`up`; ``cluster down`` calls :func:`down`,
-which removes every container, mount, namespace and address this module made. Needs root.
+``matrixpool cluster up --real-nodes N`` makes them (:mod:`.cluster`); ``cluster down`` removes
+every container, mount, namespace and address this module made; ``cluster fault power-off`` /
+``power-on`` cut a node's power and boot it again (:func:`power_off_node`). Needs root.
 
 Layout of one cluster's real nodes (``<tag>`` is short and derived from the cluster folder, so
 two clusters on one machine never share a name or a subnet)::
@@ -12,11 +13,13 @@ two clusters on one machine never share a name or a subnet)::
       │                          containerd + kubelet of node real-<i>, which also share a
       │                          mount namespace of the node's own (see NODE_PATHS)
       │                          pods: bridge cni0 10.<x>.<1+i>.0/24 (CNI bridge, host-local)
-      │                          iptables: 10.96.0.1:443 → the API server (kube-proxy's job)
+      │                          kube-proxy (iptables mode): every ClusterIP Service, among
+      │                          them kubernetes (→ the API server on 10.<x>.0.1, which
+      │                          advertises that address) and kube-dns (10.96.0.10 → CoreDNS
+      │                          on 10.<x>.0.1:53, the kubelet's clusterDNS)
       └─ routes in every node's netns to every other node's pod subnet, via that node's IP
 
-What is not a kind node: no kube-proxy (only the ``kubernetes`` Service is reachable, through
-the rule above), no cluster DNS, images come only from ``matrixpool cluster load-image`` (no
+What is not a kind node: images come only from ``matrixpool cluster load-image`` (no
 registry), and every node sees the machine's whole CPU and memory.
 """
 
@@ -38,11 +41,12 @@ from typing import Any
 import yaml
 
 from matrixpool.api import labels
+from matrixpool.devcluster import dns
 
 PAUSE_IMAGE = "matrixpool/pause:local"  # the CRI sandbox image, made from our own pause binary
 CNI_BIN = Path("/usr/lib/cni")
-SERVICE_IP = "10.96.0.1"  # the kubernetes Service's ClusterIP (first address of SERVICE_CIDR)
 NODE_PREFIX = "real-"
+KUBE_PROXY_USER = "system:kube-proxy"  # bound to system:node-proxier by the API server itself
 Progress = Callable[[str], None]
 
 
@@ -58,6 +62,7 @@ NODE_PATHS = (
     "/dev/shm/matrixpool",
 )
 TMPFS_PATHS = ("/dev/shm/matrixpool",)
+TMPFS_SIZE = "2g"
 MOUNT_NAMESPACES = Path("/run/matrixpool")
 
 
@@ -196,7 +201,8 @@ def cni_config(node: Node, network: Network) -> dict[str, Any]:
 
 def kubelet_config(node: Node, ca_cert: Path) -> dict[str, Any]:
     """The kubelet's configuration for this machine (cgroup v1, swap on, no QoS cgroups), with
-    image GC off: a deleted image could not be pulled again, since no registry is reached."""
+    image GC off (a deleted image could not be pulled again, since no registry is reached) and
+    the cluster DNS: pods ask the kube-dns Service, which kube-proxy carries to CoreDNS."""
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -215,6 +221,8 @@ def kubelet_config(node: Node, ca_cert: Path) -> dict[str, Any]:
         "readOnlyPort": 0,
         "healthzBindAddress": "127.0.0.1",
         "resolvConf": "/etc/resolv.conf",
+        "clusterDNS": [dns.SERVICE_IP],
+        "clusterDomain": dns.DOMAIN,
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
         "evictionHard": {
@@ -276,7 +284,7 @@ def ensure_mount_namespace(network: Network, node: Node) -> None:
     for path in NODE_PATHS:
         Path(path).mkdir(parents=True, exist_ok=True)  # the mount point, empty on the host
         if path in TMPFS_PATHS:
-            script.append(f"mount -t tmpfs -o size=2g,mode=1777 tmpfs {path}")
+            script.append(f"mount -t tmpfs -o size={TMPFS_SIZE},mode=1777 tmpfs {path}")
         else:
             own = node.folder / "host" / path.strip("/").replace("/", "-")
             own.mkdir(parents=True, exist_ok=True)
@@ -310,9 +318,9 @@ def ensure_bridge(network: Network) -> None:
     _run(["ip", "link", "set", network.bridge, "up"])
 
 
-def ensure_namespace(network: Network, index: int, apiserver_port: int) -> None:
-    """The node's network namespace, its veth to the bridge, its address, forwarding and the
-    kubernetes Service rule. Safe to repeat."""
+def ensure_namespace(network: Network, index: int) -> None:
+    """The node's network namespace, its veth to the bridge, its address and forwarding (the
+    Services are kube-proxy's). Safe to repeat."""
     ns, veth = network.namespace(index), network.host_veth(index)
     if ns not in _run(["ip", "netns", "list"]).split():
         _run(["ip", "netns", "add", ns])
@@ -320,19 +328,21 @@ def ensure_namespace(network: Network, index: int, apiserver_port: int) -> None:
         _run(["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns])
         _run(["ip", "link", "set", veth, "master", network.bridge, "up"])
         _run(["ip", "-n", ns, "addr", "add", f"{network.node_ip(index)}/24", "dev", "eth0"])
-        _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
         _run(["ip", "-n", ns, "link", "set", "lo", "up"])
-        _run(["ip", "-n", ns, "route", "add", "default", "via", network.gateway])
+    link_up(network, index)
     _run(in_netns(ns, "sysctl", "-qw", "net.ipv4.ip_forward=1"))
-    target = f"{network.gateway}:{apiserver_port}"
-    for chain in ("OUTPUT", "PREROUTING"):
-        rule = ["-t", "nat", "-A", chain, "-d", f"{SERVICE_IP}/32", "-p", "tcp", "--dport", "443"]
-        rule += ["-j", "DNAT", "--to-destination", target]
-        exists = subprocess.run(
-            in_netns(ns, "iptables", "-C", *rule[:2], *rule[3:]), capture_output=True, check=False
-        )
-        if exists.returncode != 0:
-            _run(in_netns(ns, "iptables", *rule))
+
+
+def link_up(network: Network, index: int) -> None:
+    """The node's eth0 up with its default route via the bridge (a link set down loses it)."""
+    ns = network.namespace(index)
+    _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
+    _run(["ip", "-n", ns, "route", "replace", "default", "via", network.gateway])
+
+
+def link_down(network: Network, index: int) -> None:
+    """The node's eth0 down: its address answers nothing, its routes are gone."""
+    _run(["ip", "-n", network.namespace(index), "link", "set", "eth0", "down"])
 
 
 def ensure_routes(network: Network, count: int) -> None:
@@ -393,6 +403,108 @@ def remove_containers(node: Node) -> None:
             time.sleep(0.2)
     for container in ctr(node, "containers", "list", "--quiet", check=False).split():
         ctr(node, "containers", "delete", container, check=False)
+
+
+def task_pids(node: Node) -> list[int]:
+    """The first process of every container the node's containerd runs (sandboxes too)."""
+    pids = []
+    for line in ctr(node, "tasks", "list", check=False).splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 2 and fields[1].isdigit() and int(fields[1]) > 0:
+            pids.append(int(fields[1]))
+    return pids
+
+
+def kill_containers(first_pids: Iterable[int], timeout: float = 10) -> None:
+    """SIGKILL every process of the containers whose first processes are ``first_pids``: all
+    of each one's pid namespace (its children included; never this machine's own, which a
+    ``hostPID`` container shares) and every descendant of its first process; until none is
+    left."""
+    first = set(first_pids)
+    own = _pid_namespace(os.getpid())
+    namespaces = {ns for pid in first if (ns := _pid_namespace(pid)) and ns != own}
+    deadline = time.monotonic() + timeout
+    while first or namespaces:
+        parents = _parents()
+        left = [
+            p for p in parents if _pid_namespace(p) in namespaces or _descends(p, first, parents)
+        ]
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            raise RealNodeError(f"processes {left[:10]} outlived SIGKILL for {timeout:.0f} s")
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+        time.sleep(0.1)
+
+
+def _parents() -> dict[int, int]:
+    """Every live process (zombies left out) → its parent."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z":
+            found[int(entry.name)] = int(fields[1])
+    return found
+
+
+def _descends(pid: int, ancestors: set[int], parents: dict[int, int]) -> bool:
+    for _ in range(64):  # a process tree is never this deep here; a cycle cannot be
+        if pid in ancestors:
+            return True
+        if pid not in parents or pid <= 1:
+            return False
+        pid = parents[pid]
+    return False
+
+
+def _pid_namespace(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
+def mounts_in_node(network: Network, index: int) -> list[str]:
+    """Every mount point of the node's mount namespace."""
+    holder = str(network.mount_namespace(index))
+    table = _run(["nsenter", f"--mount={holder}", "--", "cat", "/proc/self/mountinfo"])
+    return [line.split()[4].replace("\\040", " ") for line in table.splitlines()]
+
+
+def unmount_in_node(network: Network, index: int, prefixes: Iterable[str]) -> None:
+    """Unmount, deepest first, what the node mounted at or below each of ``prefixes`` (its
+    containerd's rootfs overlays and pod network namespaces, the kubelet's volumes)."""
+    wanted = [p.rstrip("/") for p in prefixes]
+    points = [
+        m
+        for m in mounts_in_node(network, index)
+        if any(m == p or m.startswith(p + "/") for p in wanted)
+    ]
+    holder = str(network.mount_namespace(index))
+    for point in sorted(set(points), key=len, reverse=True):
+        subprocess.run(
+            ["nsenter", f"--mount={holder}", "--", "umount", "-l", point],
+            capture_output=True,
+            check=False,
+        )
+
+
+def mount_memory(network: Network, index: int) -> None:
+    """The node's memory file systems (TMPFS_PATHS), fresh and empty, as after a boot."""
+    mounted = set(mounts_in_node(network, index))
+    holder = str(network.mount_namespace(index))
+    for path in TMPFS_PATHS:
+        if path not in mounted:
+            options = f"size={TMPFS_SIZE},mode=1777"
+            _run(["nsenter", f"--mount={holder}", "--", "mount", "-t", "tmpfs", "-o", options,
+                  "tmpfs", path])  # fmt: skip
 
 
 def kill_shims(node: Node) -> None:
@@ -463,6 +575,64 @@ def client_kubeconfig(
         "contexts": [{"name": "local", "context": {"cluster": "local", "user": user}}],
         "current-context": "local",
     }
+
+
+def kube_proxy_config(node: Node, network: Network) -> dict[str, Any]:
+    """kube-proxy in iptables mode for one node: its pods' range is the cluster's (traffic from
+    outside it is masqueraded), NodePorts on the node's own address, conntrack left as the
+    machine has it (its limits are the host's, not a namespace's)."""
+    folder = node.folder / "kube-proxy"
+    return {
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+        "kind": "KubeProxyConfiguration",
+        "clientConnection": {"kubeconfig": str(folder / "kubeconfig")},
+        "hostnameOverride": node.name,
+        "mode": "iptables",
+        "clusterCIDR": f"10.{network.octet}.0.0/16",
+        "detectLocalMode": "ClusterCIDR",
+        "healthzBindAddress": "127.0.0.1:10256",
+        "metricsBindAddress": "127.0.0.1:10249",
+        "nodePortAddresses": [f"{network.node_ip(node.index)}/32"],
+        "conntrack": {"maxPerCore": 0, "min": 0},
+        "iptables": {"syncPeriod": "10s", "minSyncPeriod": "1s"},
+    }
+
+
+def prepare_kube_proxy(
+    node: Node, network: Network, *, server: str, ca_cert: Path, client_cert: tuple[Path, Path]
+) -> None:
+    folder = node.folder / "kube-proxy"
+    folder.mkdir(parents=True, exist_ok=True)
+    config = client_kubeconfig(server, ca_cert, *client_cert, KUBE_PROXY_USER)
+    (folder / "kubeconfig").write_text(yaml.safe_dump(config, sort_keys=False))
+    (folder / "config.yaml").write_text(
+        yaml.safe_dump(kube_proxy_config(node, network), sort_keys=False)
+    )
+
+
+def kube_proxy_args(node: Node, network: Network, bin_dir: Path) -> list[str]:
+    config = node.folder / "kube-proxy" / "config.yaml"
+    return in_node(network, node.index, str(bin_dir / "kube-proxy"), f"--config={config}", "--v=1")
+
+
+def wait_kube_proxy(
+    network: Network, index: int, services: Iterable[str], timeout: float = 60
+) -> None:
+    """Until kube-proxy's rules in the node carry each of ``services`` ("<ns>/<name>:<port>",
+    as its rules' comments name them)."""
+    deadline = time.monotonic() + timeout
+    missing = set(services)
+    while missing:
+        rules = _run(in_netns(network.namespace(index), "iptables-save", "-t", "nat"), check=False)
+        missing = {s for s in missing if f'"{s} cluster IP"' not in rules}
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise RealNodeError(
+                f"kube-proxy of node {index} has no rules for {', '.join(sorted(missing))} "
+                f"after {timeout:.0f} s (see real/<node>/kube-proxy.log)"
+            )
+        time.sleep(0.5)
 
 
 def containerd_args(node: Node, network: Network) -> list[str]:
@@ -539,6 +709,7 @@ def require_root() -> None:
 
 def require_tools() -> None:
     """What the real nodes run, once tools/k8s/node-packages.sh installed it."""
-    for tool in ("nsenter", "ip", "iptables", "containerd", "ctr", "runc"):
+    for tool in ("nsenter", "ip", "iptables", "iptables-save", "iptables-restore", "containerd",
+                 "ctr", "runc"):  # fmt: skip
         if shutil.which(tool) is None:
             raise RealNodeError(f"{tool} not found: run tools/k8s/node-packages.sh (as root)")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import tarfile
+import time
 from pathlib import Path
 
 from matrixpool.api import labels
@@ -118,3 +120,63 @@ def test_the_dockerfile_describes_the_image_make_image_builds() -> None:
     assert "USER 65532:65532" in dockerfile
     assert 'ENTRYPOINT ["matrixpool"]' in dockerfile
     assert "--system-site-packages /opt/matrixpool" in dockerfile
+
+
+def test_kubelets_send_pods_to_the_cluster_dns_through_kube_dns(tmp_path: Path) -> None:
+    config = realnodes.kubelet_config(realnodes.Node(0, tmp_path), tmp_path / "ca.crt")
+    assert config["clusterDNS"] == ["10.96.0.10"]  # kube-dns, which kube-proxy carries
+    assert config["clusterDomain"] == "cluster.local"
+
+
+def test_each_node_runs_kube_proxy_in_iptables_mode_in_its_own_network(tmp_path: Path) -> None:
+    network = realnodes.Network("abcd", 150)
+    node = realnodes.Node(2, tmp_path / "real-2")
+    config = realnodes.kube_proxy_config(node, network)
+    assert config["mode"] == "iptables"
+    assert config["hostnameOverride"] == "real-2"
+    assert config["clusterCIDR"] == "10.150.0.0/16"  # every node's pods
+    assert config["nodePortAddresses"] == ["10.150.0.12/32"]
+    assert config["clientConnection"]["kubeconfig"].startswith(str(node.folder))
+    assert config["conntrack"] == {"maxPerCore": 0, "min": 0}  # the machine's limits stay
+    args = realnodes.kube_proxy_args(node, network, Path("/bin-dir"))
+    assert args[:2] == ["nsenter", "--net=/run/netns/mpabcdn2"]
+    assert "/bin-dir/kube-proxy" in args
+
+
+def test_a_power_cut_kills_a_containers_whole_tree_and_nothing_else() -> None:
+    """A container sharing this machine's pid namespace (hostPID) loses its process tree,
+    never the namespace: this test's own process lives on."""
+    tree = subprocess.Popen(["sh", "-c", "sleep 300 & sleep 301 & wait"])
+    bystander = subprocess.Popen(["sleep", "302"])
+    try:
+        deadline = time.monotonic() + 10
+        while len(_children(tree.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        children = _children(tree.pid)
+        assert len(children) == 2
+        realnodes.kill_containers([tree.pid])
+        assert tree.wait(timeout=10) == -9
+        assert not [c for c in children if _running(c)]
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text() if entry.name.isdigit() else ""
+        except OSError:
+            continue
+        if stat and int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
