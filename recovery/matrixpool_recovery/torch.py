@@ -32,7 +32,9 @@ names for S (``spec.CheckpointSpec.due``), peer copies, incarnation and base, th
   checked against its own checksum, never the whole of rank 0's shard.
 
 Saving (``StorageWriter``). ``dcp.save`` returns once every tier due answered (a failed tier
-is raised: ``errors.TierWriteError``, inside DCP's ``CheckpointException``). The state is
+is raised: ``errors.TierWriteError``, inside DCP's ``CheckpointException``); at a step where
+the schedule names no tier nothing is stored (``tiers=`` saves it anyway, e.g.
+``spec.configured()`` to answer a checkpoint request). The state is
 lent to the Checkpointer (``borrow``: CPU tensors are not copied again). For
 ``dcp.async_save`` the writer is DCP's ``AsyncStager``: it stages into one CPU copy per
 process, made once per layout of the state and reused (pinned when an accelerator is
