@@ -191,6 +191,8 @@ INVALID: list[tuple[str, str, Change, tuple[str, ...]]] = [
      setting("spec.rendezvous", {"port": 0}), ("spec.rendezvous.port",)),
     ("zero processes per replica are rejected", "TrainingJob",
      setting("spec.rendezvous", {"procsPerReplica": 0}), ("spec.rendezvous.procsPerReplica",)),
+    ("an unknown recovery restart is rejected", "TrainingJob",
+     setting("spec.recovery", {"restart": "Everything"}), ("spec.recovery.restart",)),
     ("zero replicas are rejected", "TrainingJob",
      setting("spec.replicas", 0), ("spec.replicas",)),
     ("a job without replicas is rejected", "TrainingJob",
@@ -429,6 +431,7 @@ def test_defaults_are_filled_in_by_the_api_server(
     assert spec["recovery"] == {
         "maxRecoveries": 10,
         "levels": ["InPlace", "SpareSwap", "Reschedule"],
+        "restart": "Ranks",
     }
     assert spec["rendezvous"] == {"port": 29500, "procsPerReplica": 1}
     assert "minReplicas" not in spec  # defaulted to replicas by the model, not the CRD

@@ -59,6 +59,14 @@ class RecoveryLevel(StrEnum):
     RESCHEDULE = "Reschedule"  # place the whole job again, restore from the newest tier left
 
 
+class Restart(StrEnum):
+    """Which pods a recovery replaces (InPlace and SpareSwap; Reschedule replaces all)."""
+
+    RANKS = "Ranks"  # the hit ranks'; the others reload the restore annotation where they run
+    GANG = "Gang"  # every rank's, each on its own node and cards unless hit: a plain torchrun
+    # script, whose ranks exit when a peer dies, starts again as one world
+
+
 class Phase(StrEnum):
     """Lifecycle phase of a TrainingJob."""
 
@@ -154,6 +162,10 @@ class Recovery(common.ApiModel):
         json_schema_extra=common.list_set(),
     )
     """Recovery levels allowed; the cheapest one the fault allows is used."""
+    restart: Restart = Restart.RANKS
+    """Ranks: only the hit ranks' pods are replaced, the others are told to reload the step
+    (a trainer that follows its restore annotation, docs/pytorch.md); Gang: every rank's pod
+    is replaced (the others on their own node and cards), as a plain torchrun job needs."""
 
 
 class TrainingJobSpec(common.ApiModel):

@@ -213,6 +213,15 @@ def newest_saved(workload: Workload, state: memory.State) -> int | None:
     return max(steps, default=None)
 
 
+def restarts_gang(workload: Workload) -> bool:
+    """Whether a recovery of ``workload`` replaces every rank's pod (spec.recovery.restart)."""
+    model = workload.model
+    return (
+        isinstance(model, trainingjob.TrainingJob)
+        and model.spec.recovery.restart == trainingjob.Restart.GANG
+    )
+
+
 def plan_record(
     workload: Workload,
     plan: policy.Plan,
@@ -229,6 +238,9 @@ def plan_record(
         targets: dict[str, str] = {}
     else:
         targets = {str(r): plan.targets.get(r, view.node_of[r]) for r in sorted(plan.ranks)}
+        if restarts_gang(workload):  # every rank's pod replaced, the others where they are
+            targets |= {str(r): n for r, n in view.node_of.items() if str(r) not in targets}
+            targets = dict(sorted(targets.items(), key=lambda item: int(item[0])))
     by_value: dict[str, list[int]] = {}  # restore annotation -> the ranks that get it
     for rank in range(view.world_size):
         if plan.fresh:  # no checkpoint yet: every rank starts again from step 0, reads nothing

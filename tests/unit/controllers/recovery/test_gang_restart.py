@@ -1,0 +1,72 @@
+"""``spec.recovery.restart: Gang`` (issue 30): a plain torchrun script's ranks exit when a peer
+dies, so a recovery replaces every rank's pod — the hit ranks' on their targets (a SpareSwap's
+spare), the others on their own node and cards — each told the same step to restore. With
+the default ``Ranks`` only the hit ranks' pods go and the others reload in place."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+
+import pytest
+
+from matrixpool.controllers.recovery import carry_out, decide
+from matrixpool.controllers.recovery import memory as recovery_memory
+from matrixpool.k8s import daemonclient
+from matrixpool.state.workloads import Workload
+from matrixpool_recovery import policy
+from tests.unit import worlds
+from tests.unit.recorder import Recorder
+
+T0 = datetime.datetime(2026, 12, 3, tzinfo=datetime.UTC)
+
+
+def spare_swap(job: Workload) -> tuple[policy.Plan, policy.JobView]:
+    """Rank 0's node n0 is lost; rank 0 moves to the spare n3; step 8 from peer copies."""
+    view = policy.JobView(
+        key=job.key,
+        world_size=3,
+        node_of={r: policy.NodeName(f"n{r}") for r in range(3)},
+        cards_of=dict.fromkeys(range(3), worlds.EIGHT),
+        rack_of={},
+        supernode_of={},
+    )
+    plan = policy.Plan(
+        level=policy.Level.SPARE_SWAP,
+        cause="NodeDown on n0",
+        ranks=frozenset({0}),
+        targets={0: policy.NodeName("n3")},
+        sources={r: policy.Copy(r, 8, policy.Tier.MEMORY, policy.NodeName("n1")) for r in range(3)},
+        restored_step=8,
+        lost_steps=0,
+        reason="a spare is free",
+    )
+    return plan, view
+
+
+@pytest.mark.parametrize(("restart", "replaced"), [("Ranks", ["0"]), ("Gang", ["0", "1", "2"])])
+def test_the_plan_targets_the_hit_ranks_or_every_rank(restart: str, replaced: list[str]) -> None:
+    job = worlds.job("ddp", 3, recovery={"restart": restart})
+    plan, view = spare_swap(job)
+    record = decide.plan_record(job, plan, view, daemonclient.Inventory(), T0)
+    assert sorted(record.targets) == replaced
+    assert record.targets["0"] == "n3"  # the hit rank goes to the spare either way
+    for rank in replaced[1:]:
+        assert record.targets[rank] == f"n{rank}"  # the others stay where they are
+        assert record.target(int(rank)) == (f"n{rank}", "0,1,2,3,4,5,6,7")
+    assert record.status.ranks == [0]  # what was hit, as status.recoveries lists it
+    assert all(record.restore_for(r) for r in range(3))
+
+
+def test_a_gang_restart_deletes_every_ranks_pod_and_annotates_none() -> None:
+    job = worlds.job("ddp", 3, recovery={"restart": "Gang"})
+    plan, view = spare_swap(job)
+    record = decide.plan_record(job, plan, view, daemonclient.Inventory(), T0)
+    pods = worlds.running("ddp", 3)
+    world = worlds.fixed_world(worlds.index(*pods), [job], nodes=4, down=frozenset({"n0"}))
+    nodes = {n.name: n for n in world.nodes}
+    act = Recorder()
+    state = recovery_memory.State()
+    asyncio.run(carry_out.carry_out(job, record, pods, nodes, frozenset({"n0"}), world, state, act))
+    assert sorted(act.deleted + act.deleted_at_once) == ["ns/ddp-0", "ns/ddp-1", "ns/ddp-2"]
+    assert act.annotated == []  # no rank is left running to reload in place
