@@ -5,7 +5,7 @@ real :class:`~matrixpool_recovery.client.Checkpointer`, restored bitwise.
 :mod:`matrixpool.devcluster.trainer` (docs/concepts.md, "What your training container gets";
 the annotations file, the restore and checkpoint-request annotations, ``MATRIXPOOL_SIM_STEPS``)
 and its helpers; run by tests/torch as two rank processes with that env set by hand. Needs
-torch (Debian's python3-torch: ``tools/torch-venv.sh`` makes ``.venv-torch``).
+torch (PyPI's torch 2.15: ``tools/torch-venv.sh`` makes ``.venv-torch``).
 
 Training is a pure function of (seed, step, rank), so a run that was killed and restored ends
 with the parameters of a run that never was (``reference_digest`` computes those in-process):
