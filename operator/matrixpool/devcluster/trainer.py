@@ -78,23 +78,7 @@ def barrier_path(env: Mapping[str, str], job: str, world_size: int) -> Path:
     return Path(folder) / "matrixpool-barriers" / f"{job}.w{world_size}"
 
 
-def read_annotations(path: str | None) -> dict[str, str]:
-    """A downward-API annotations file (``key="value"`` lines); {} when absent."""
-    if not path:
-        return {}
-    try:
-        text = Path(path).read_text()
-    except OSError:
-        return {}
-    found = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            try:
-                found[key] = str(json.loads(value))
-            except ValueError:
-                continue
-    return found
+read_annotations = restore_codec.read_annotations  # the downward-API annotations file
 
 
 class Barrier:
