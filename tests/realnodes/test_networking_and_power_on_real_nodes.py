@@ -88,12 +88,19 @@ def test_pods_on_real_nodes_resolve_each_other_and_reach_a_cluster_ip(
         name = fqdn.format(peer=peer)
         wait = f"for _ in $(seq 150); do getent hosts {name} && break; sleep 0.2; done"
         report = f"getent hosts {peer}.ring; cat /etc/resolv.conf"
+        # A pod that ended leaves the EndpointSlice: each member stays until the test has read
+        # the slice and started the "release" member, whose name it then resolves.
+        release = "for _ in $(seq 600); do getent hosts release.ring && break; sleep 0.2; done"
         members.append(
             pod(
                 f"ring-{rank}",
                 f"real-{rank}",
                 image,
-                ["sh", "-c", f"{wait} >/dev/null; ({report}) > /dev/termination-log"],
+                [
+                    "sh",
+                    "-c",
+                    f"{wait} >/dev/null; ({report}) > /dev/termination-log; {release} >/dev/null",
+                ],
                 labels={"app": "ring"},
                 hostname=f"ring-{rank}",
                 subdomain="ring",
@@ -120,6 +127,34 @@ def test_pods_on_real_nodes_resolve_each_other_and_reach_a_cluster_ip(
     client = pod("echo-client", "real-0", image, ["python3", "-c", ECHO_CLIENT])
     apply(cluster, namespace, ring, echo, *members, server, client)
 
+    # The endpointslice controller publishes the ring with each pod's hostname (routable
+    # addresses: this is where CoreDNS's kubernetes plugin reads the names the pods resolve).
+    def published() -> dict[str, str] | None:
+        out = cluster.kubectl(
+            "get", "endpointslices", "-n", namespace,
+            "-l", "kubernetes.io/service-name=ring", "-o", "json",
+        )  # fmt: skip
+        named = {
+            e["hostname"]: e["addresses"][0]
+            for s in json.loads(out.stdout)["items"]
+            for e in s.get("endpoints") or []
+        }
+        return named if len(named) == 2 else None
+
+    named = framework.eventually(published, timeout=180, what="both ring pods in the slice")
+    found = pods_of(cluster, namespace)
+    assert named == {f"ring-{r}": found[f"ring-{r}"]["status"]["podIP"] for r in (0, 1)}
+    releaser = pod(
+        "release",
+        "real-1",
+        image,
+        ["sleep", "120"],
+        labels={"app": "ring"},
+        hostname="release",
+        subdomain="ring",
+    )
+    apply(cluster, namespace, releaser)
+
     messages = said(cluster, namespace, ["ring-0", "ring-1", "echo-client"])
     found = pods_of(cluster, namespace)
     for rank in (0, 1):
@@ -136,19 +171,6 @@ def test_pods_on_real_nodes_resolve_each_other_and_reach_a_cluster_ip(
         cluster.kubectl("get", "service", "echo", "-n", namespace, "-o", "json").stdout
     )["spec"]["clusterIP"]
     assert messages["echo-client"] == f"{cluster_ip} served by echo-server"
-
-    # The endpointslice controller published the ring with each pod's hostname (routable
-    # addresses: this is where CoreDNS's kubernetes plugin read the names above).
-    out = cluster.kubectl(
-        "get", "endpointslices", "-n", namespace,
-        "-l", "kubernetes.io/service-name=ring", "-o", "json",
-    )  # fmt: skip
-    named = {
-        e["hostname"]: e["addresses"][0]
-        for s in json.loads(out.stdout)["items"]
-        for e in s.get("endpoints") or []
-    }
-    assert named == {f"ring-{r}": found[f"ring-{r}"]["status"]["podIP"] for r in (0, 1)}
 
 
 ECHO_SERVER = """
