@@ -45,6 +45,7 @@ processes die with it).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -63,7 +64,7 @@ from typing import Any
 
 from matrixpool import clock
 from matrixpool.api import labels
-from matrixpool.devcluster import cluster, dns, faults, kubelet
+from matrixpool.devcluster import cgroups, cluster, dns, faults, kubelet
 from matrixpool.k8s import client as k8s_client
 from matrixpool.k8s import daemonleases
 
@@ -85,17 +86,38 @@ class Process:
     popen: subprocess.Popen[bytes]
     log: Path
     ready_file: Path | None = None  # written by a daemon once it serves
+    # A container's: what it started dies with it, as every process of a container's PID
+    # namespace dies with the namespace's init (torchrun's workers when torchrun is killed,
+    # though torchrun starts each in a session of its own). ``cgroup``: the container's cgroup
+    # (v2), whose every process is killed; None where there is none to make: its process group.
+    group: bool = False
+    cgroup: Path | None = None
+    swept: bool = False
 
     def alive(self) -> bool:
-        return self.popen.poll() is None
+        if self.popen.poll() is None:
+            return True
+        self._sweep()
+        return False
 
     def ready(self) -> bool:
         return self.alive() and (self.ready_file is None or self.ready_file.exists())
 
     def kill(self) -> None:
-        if self.alive():
+        if self.popen.poll() is None:
             self.popen.send_signal(signal.SIGKILL)
         self.popen.wait()
+        self._sweep()
+
+    def _sweep(self) -> None:
+        """SIGKILL to what is left of the container, once, after its process ended."""
+        if not self.group or self.swept:
+            return
+        self.swept = True
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        if self.cgroup is not None:
+            cgroups.kill(self.cgroup)
 
     def terminate(self) -> None:
         """SIGTERM: the process may finish what it does (a kubelet's first signal)."""
@@ -229,6 +251,7 @@ class Sim:
     announced: dict[str, float] = field(default_factory=dict)  # node → last Lease renewal
     dns: kubelet.ClusterDNS | None = None  # the cluster's DNS as last looked up
     dns_checked: float = 0.0  # monotonic: when it was looked up
+    cgroups: Path | None = field(default_factory=cgroups.root)  # the containers' cgroups
 
     def __post_init__(self) -> None:
         self.api = k8s_client.from_kubeconfig(self.kubeconfig)
@@ -299,6 +322,7 @@ class Sim:
         self.pods.clear()
         self.daemons.clear()
         self.announced.clear()
+        cgroups.remove(self.cgroups)
 
     # ---- phase 1: daemons ------------------------------------------------------------------
 
@@ -663,7 +687,9 @@ class Sim:
         log.parent.mkdir(parents=True, exist_ok=True)
         hostname = kubelet.uts_hostname(pod, self.cluster_dns().domain)
         launch = kubelet.launcher(mounts, argv, _image_folders(), hostname)
-        container.process = _spawn(launch, log, env, inherit=False)
+        group = cgroups.make(self.cgroups, f"{run.uid}.{container.name}.{container.restarts}")
+        container.process = _spawn(cgroups.enter(group, launch), log, env, inherit=False)
+        container.process.cgroup = group
         container.started = _now()
         container.not_before = 0.0
         log.with_suffix(".pid").write_text(str(container.process.popen.pid))
@@ -853,7 +879,8 @@ def _spawn(
     args: Iterable[str], log: Path, env: Mapping[str, str] | None = None, inherit: bool = True
 ) -> Process:
     """A child that dies with the sim, however the sim ends (no daemon outlives it). A
-    container's process gets exactly ``env``; a daemon the sim's environment too."""
+    container's process (``inherit`` False) gets exactly ``env`` and a process group of its
+    own (:attr:`Process.group`); a daemon the sim's environment too."""
     with open(log, "ab") as out:
         popen = subprocess.Popen(
             list(args),
@@ -862,5 +889,6 @@ def _spawn(
             stdin=subprocess.DEVNULL,
             env={**(os.environ if inherit else {}), **(env or {})},
             preexec_fn=cluster._die_with_parent,
+            process_group=None if inherit else 0,
         )
-    return Process(popen, log)
+    return Process(popen, log, group=not inherit)
