@@ -21,7 +21,7 @@ import asyncio
 import datetime
 import os
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import structlog
 
@@ -222,6 +222,18 @@ def restarts_gang(workload: Workload) -> bool:
     )
 
 
+def restore_sources(
+    plan: policy.Plan, rank: int, home: str | None, endpoints: Mapping[str, str]
+) -> list[str]:
+    """The daemons a rank's restore annotation names: the one holding its own chosen copy
+    first, then those holding every other rank's, none on ``home`` (the node it restarts on,
+    whose daemon it asks anyway). A reader may need other ranks' shards: DCP keeps a
+    replicated tensor once, in some rank's shard, and every rank reads rank 0's Metadata."""
+    order = [plan.sources[rank], *(plan.sources[r] for r in sorted(plan.sources) if r != rank)]
+    named = (endpoints.get(c.node, "") for c in order if c.node and c.node != home)
+    return list(dict.fromkeys(e for e in named if e))
+
+
 def plan_record(
     workload: Workload,
     plan: policy.Plan,
@@ -249,16 +261,13 @@ def plan_record(
             )
             by_value.setdefault(value, []).append(rank)
             continue
-        source = plan.sources[rank]
         if plan.level == policy.Level.RESCHEDULE:
             home = None  # no rank knows its node yet: every source is named
         else:
             home = targets.get(str(rank)) or view.node_of.get(rank)
-        held_by = source.node if source.node and source.node != home else None
-        endpoint = found.endpoints.get(held_by or "", "")
         value = restore_codec.restore_value(
             plan.restored_step,
-            [endpoint] if endpoint else [],
+            restore_sources(plan, rank, home, found.endpoints),
             recovery_id,
             incarnation=incarnation,
             of=written_by,

@@ -6,6 +6,7 @@ the default ``Ranks`` only the hit ranks' pods go and the others reload in place
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 
 import pytest
@@ -15,6 +16,7 @@ from matrixpool.controllers.recovery import memory as recovery_memory
 from matrixpool.k8s import daemonclient
 from matrixpool.state.workloads import Workload
 from matrixpool_recovery import policy
+from matrixpool_recovery import restore as restore_codec
 from tests.unit import worlds
 from tests.unit.recorder import Recorder
 
@@ -70,3 +72,27 @@ def test_a_gang_restart_deletes_every_ranks_pod_and_annotates_none() -> None:
     asyncio.run(carry_out.carry_out(job, record, pods, nodes, frozenset({"n0"}), world, state, act))
     assert sorted(act.deleted + act.deleted_at_once) == ["ns/ddp-0", "ns/ddp-1", "ns/ddp-2"]
     assert act.annotated == []  # no rank is left running to reload in place
+
+
+def test_every_rank_is_told_the_daemons_holding_any_ranks_copy() -> None:
+    """DCP reads rank 0's Metadata on every rank and a replicated tensor from whichever rank
+    kept it: each restore names every holder but the rank's own node."""
+    job = worlds.job("ddp", 3, recovery={"restart": "Gang"})
+    plan, view = spare_swap(job)
+    holders = {0: "n1", 1: "n1", 2: "n0"}  # rank 0's peer copy on n1; rank 2's copy on n0
+    sources = {
+        r: policy.Copy(r, 8, policy.Tier.MEMORY, policy.NodeName(n)) for r, n in holders.items()
+    }
+    plan = dataclasses.replace(plan, sources=sources)
+    endpoints = {f"n{i}": f"10.0.0.{i}:7040" for i in range(4)}
+    assert decide.restore_sources(plan, 0, "n3", endpoints) == ["10.0.0.1:7040", "10.0.0.0:7040"]
+    assert decide.restore_sources(plan, 1, "n1", endpoints) == ["10.0.0.0:7040"]
+    assert decide.restore_sources(plan, 2, "n2", endpoints) == ["10.0.0.0:7040", "10.0.0.1:7040"]
+    assert decide.restore_sources(plan, 2, None, {}) == []  # no endpoint known: none named
+    inventory = daemonclient.Inventory(endpoints=endpoints)
+    record = decide.plan_record(job, plan, view, inventory, T0)
+    told = {r: restore_codec.parse_restore(record.restore_for(r) or "") for r in range(3)}
+    assert told[0] is not None
+    assert sorted(told[0].sources) == ["10.0.0.0:7040", "10.0.0.1:7040"]
+    assert told[1] is not None
+    assert told[1].sources == ("10.0.0.0:7040",)
