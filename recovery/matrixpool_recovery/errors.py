@@ -22,6 +22,9 @@ class DaemonError(CheckpointError):
         super().__init__(message)
         self.status = status  # the HTTP status the daemon answered with (0: none)
 
+    def __reduce__(self) -> tuple[type[DaemonError], tuple[str, int]]:
+        return (type(self), (str(self), self.status))
+
 
 class AuthError(DaemonError):
     """The daemon refused the token (401 missing, 403 wrong or out of its scope)."""
@@ -59,3 +62,7 @@ class TierWriteError(CheckpointError):
         super().__init__(f"checkpoint step {step} failed on {sorted(failures)}: {reasons}")
         self.step = step  # the step whose save failed somewhere
         self.failures = failures  # tier name -> reason given by the daemon
+
+    def __reduce__(self) -> tuple[type[TierWriteError], tuple[int, dict[str, str]]]:
+        """Pickled by its fields (DCP gathers a rank's exception to every rank)."""
+        return (TierWriteError, (self.step, self.failures))

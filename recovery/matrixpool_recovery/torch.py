@@ -31,8 +31,10 @@ names for S (``spec.CheckpointSpec.due``), peer copies, incarnation and base, th
   daemon does not lose it), and every reader fetches that entry alone from the fastest copy,
   checked against its own checksum, never the whole of rank 0's shard.
 
-Saving (``StorageWriter``). ``dcp.save`` returns once every tier due answered (a failed tier
-is raised: ``errors.TierWriteError``, inside DCP's ``CheckpointException``); at a step where
+Saving (``StorageWriter``). ``dcp.save`` returns once every tier due answered. A tier that
+failed while another stored the step (a peer copy, a disk) is logged as a warning and the save
+returns: the step counts on the tiers that hold it. Only a step stored on no tier due is raised
+(``errors.TierWriteError``, inside DCP's ``CheckpointException``). At a step where
 the schedule names no tier nothing is stored (``tiers=`` saves it anyway, e.g.
 ``spec.configured()`` to answer a checkpoint request). The state is
 lent to the Checkpointer (``borrow``: CPU tensors are not copied again). For
@@ -70,6 +72,7 @@ tested with 2.15, ``tools/torch-venv.sh``); the rest of the package imports with
 from __future__ import annotations
 
 import io
+import logging
 import os
 import pickle
 import threading
@@ -90,6 +93,8 @@ from torch.distributed.tensor import DTensor
 from torch.futures import Future
 
 from matrixpool_recovery import checksum, client, errors, manifest, names, restore, staging
+
+log = logging.getLogger(__name__)
 
 ANNOTATIONS_VARIABLE = "MATRIXPOOL_ANNOTATIONS_FILE"  # the pod's downward-API annotations
 METADATA = "dcp-metadata"  # rank 0's entry holding the DCP Metadata
@@ -349,12 +354,18 @@ class StorageWriter(dcp_storage.StorageWriter, AsyncStager):
     def _save(self, state: dict[str, Any]) -> None:
         """Save through the Checkpointer and wait for every tier due (raising failures)."""
         me = self._me().checkpointer
+        tiers = self.tiers if self.tiers is not None else me.spec.due(self.step)
         try:
-            tiers = self.tiers if self.tiers is not None else me.spec.due(self.step)
             handle = me.save(self.step, state, tiers=tiers, borrow=True)
             handle.wait_staged()
             self._release()
             handle.wait()
+        except errors.TierWriteError as failed:
+            if set(failed.failures) >= set(tiers):
+                raise  # stored nowhere: the save failed
+            # Stored on some tiers (the step counts there); a peer copy or a disk that failed
+            # must not stop the training loop, as the Checkpointer's saves go on too.
+            log.warning("step %d not stored on every tier: %s", self.step, failed)
         finally:
             self._release()
 

@@ -5,6 +5,8 @@ own node's daemon, each daemon the other's tier-1 peer."""
 from __future__ import annotations
 
 import asyncio
+import pickle
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,8 +15,9 @@ import pytest
 
 from matrixpool.api import labels
 from matrixpool.k8s import daemonclient
-from matrixpool_recovery import manifest, names, shard
+from matrixpool_recovery import errors, manifest, names, shard
 from matrixpool_recovery import restore as restore_codec
+from matrixpool_recovery import spec as recovery_spec
 from tests.checkpoint.conftest import OPERATOR, Cluster
 from tests.torch.conftest import NODES, Gang, annotate, pod_env, require
 
@@ -281,3 +284,48 @@ def test_the_restore_annotation_is_read_from_the_pods_annotations_file(tmp_path:
     assert read == {labels.RESTORE: value, labels.CHECKPOINT_REQUEST: "req-1"}
     assert restore_codec.ANNOTATION == labels.RESTORE
     assert restore_codec.read_annotations(tmp_path / "absent") == {}
+
+
+class _Failing:
+    """A save handle whose tiers failed as ``failures`` says (the daemon's answers)."""
+
+    def __init__(self, step: int, failures: dict[str, str]) -> None:
+        self.step, self.failures = step, failures
+
+    def wait_staged(self) -> None:
+        """Staged at once."""
+
+    def wait(self) -> None:
+        if self.failures:
+            raise errors.TierWriteError(self.step, self.failures)
+
+
+def test_a_tier_failed_beside_one_that_stored_is_a_warning_none_stored_is_raised(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A peer copy that failed must not stop a user's training loop (the step is in memory
+    and counts there); a step stored on no tier due is an error. The error survives DCP's
+    gathering of a rank's exception to every rank (pickled)."""
+    saved: list[tuple[int, tuple[str, ...]]] = []
+    failures: dict[str, str] = {}
+
+    class Checkpointer:
+        spec = recovery_spec.CheckpointSpec(memory_every=2, peer_replicas=1)
+
+        def save(self, step: int, state: Any, tiers: Any, borrow: bool) -> _Failing:
+            saved.append((step, tuple(tiers)))
+            return _Failing(step, failures)
+
+    me = types.SimpleNamespace(checkpointer=Checkpointer())
+    writer = dcp_storage.StorageWriter(rank=me)  # type: ignore[arg-type]
+    writer.reset("4")
+    failures.update(peers="node-c: unreachable")
+    with caplog.at_level("WARNING"):
+        writer._save({"x": torch.zeros(2)})
+    assert "step 4 not stored on every tier" in caplog.text
+    assert saved == [(4, ("memory",))]  # the peer copies are part of tier 1
+    failures.update(memory="full")
+    with pytest.raises(errors.TierWriteError, match="checkpoint step 4 failed") as raised:
+        writer._save({"x": torch.zeros(2)})
+    copy = pickle.loads(pickle.dumps(raised.value))
+    assert (copy.step, copy.failures) == (4, {"memory": "full", "peers": "node-c: unreachable"})
