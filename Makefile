@@ -50,8 +50,10 @@ chaos: venv binaries
 checkpoint: venv
 	$(BIN)/pytest tests/checkpoint -q --durations=5
 
-# The chart installed by helm, its operator and daemons run by matrixpool sim's process kubelet.
+# The chart installed by helm, its operator and daemons run by matrixpool sim's process kubelet,
+# the sim from .venv-torch: it stands in for the image, which carries torch (torchrun's pods).
 e2e: venv binaries
+	tools/torch-venv.sh
 	$(BIN)/pytest tests/e2e -q --durations=5
 
 # The matrixpool image from Debian packages (mmdebstrap, this machine's apt sources) and the

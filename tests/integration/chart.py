@@ -123,16 +123,22 @@ class Installed:
 
 
 def install(
-    cluster: framework.TestCluster, folder: Path, nodes: int, operator_node: str | None = None
+    cluster: framework.TestCluster,
+    folder: Path,
+    nodes: int,
+    operator_node: str | None = None,
+    python: str = sys.executable,
 ) -> Installed:
     """``helm install matrixpool charts/matrixpool -n matrixpool-system -f values-local.yaml``
     (ports picked free: other clusters may run on this machine), then the sim as the nodes'
     kubelet; returns once every one of ``nodes`` announced its daemon and the operator runs.
     ``operator_node``: where the operator runs (a node the tests never take down: an operator
     on a node that goes NotReady stays down until its pod is evicted, 5 minutes later, as on
-    a real cluster)."""
+    a real cluster). ``python``: the Python the sim runs from, and every pod with it."""
     daemon, metrics, health = devcluster.free_ports(3)
-    sim = framework.Sim(cluster, folder, port=daemon, daemons="chart", shared_paths=(SHARED,))
+    sim = framework.Sim(
+        cluster, folder, port=daemon, daemons="chart", shared_paths=(SHARED,), python=python
+    )
     ports = {"daemon": daemon, "metrics": metrics, "health": health}
     release = Installed(cluster, sim, ports, {}, operator_node)
     cluster.kubectl("create", "namespace", SYSTEM)
@@ -162,10 +168,14 @@ def own_cluster(folder: Path, shape: topology.Shape) -> Iterator[framework.TestC
 
 
 def installed_for_session(
-    cluster: framework.TestCluster, folder: Path, operator_node: str | None = None
+    cluster: framework.TestCluster,
+    folder: Path,
+    operator_node: str | None = None,
+    python: str = sys.executable,
 ) -> Iterator[Installed]:
     """:func:`install` for a session fixture; the sim stopped and its log printed after."""
-    release = install(cluster, folder, cluster.shape.node_count, operator_node=operator_node)
+    nodes = cluster.shape.node_count
+    release = install(cluster, folder, nodes, operator_node=operator_node, python=python)
     try:
         yield release
     finally:

@@ -157,9 +157,12 @@ class Sim:
     port: int = field(default_factory=lambda: cluster.free_ports(1)[0])  # other sims run beside
     daemons: str = "sim"  # "chart": the chart's DaemonSet runs the daemons (as pods of the sim)
     shared_paths: tuple[str, ...] = ()  # host paths that are one folder on every node
+    # The image's stand-in: the Python the sim runs from is first on every pod's PATH (its
+    # virtualenv's torchrun too, for .venv-torch's).
+    python: str = sys.executable
 
     def start(self) -> Sim:
-        argv = [sys.executable, "-m", "matrixpool.cli", "sim", "--folder", str(self.folder)]
+        argv = [self.python, "-m", "matrixpool.cli", "sim", "--folder", str(self.folder)]
         argv += ["--port", str(self.port), "--daemons", self.daemons]
         for path in self.shared_paths:
             argv += ["--shared-path", path]
