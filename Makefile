@@ -15,7 +15,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-# The control-plane binaries (etcd, kube-*, kwok, helm), built once into ~/.cache/matrixpool.
+# The binaries (etcd, kube-*, kubelet, kube-proxy, kwok, helm, CoreDNS, pause), built once into
+# ~/.cache/matrixpool (tools/k8s/build.sh; a cold build takes ~12 min on 2 cores).
 binaries:
 	tools/k8s/build.sh
 
