@@ -1,9 +1,9 @@
 """Fixtures of the PyTorch tests: checkpoint daemons on loopback (``Cluster`` of
 tests/checkpoint), ranks of the real torch trainer
 (``python -m matrixpool.devcluster.torch_trainer``, ``Job``) and of the DCP test trainer
-(``python -m tests.torch.dcp_worker``, ``Gang``: torchrun's env:// rendezvous on 127.0.0.1) as
-processes, each given the pod contract's env by hand, as the operator's pod would (no
-Kubernetes).
+(``python -m tests.torch.dcp_worker``, ``Gang``), both joined through torchrun's env
+(``MASTER_ADDR`` 127.0.0.1, a free ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``), as processes,
+each given the pod contract's env by hand, as the operator's pod would (no Kubernetes).
 
 Needs torch: run with the venv ``tools/torch-venv.sh`` makes,
 ``.venv-torch/bin/pytest tests/torch -q``; without torch every test here is skipped, except
@@ -147,7 +147,7 @@ class Job:
     world: int
     steps: int  # MATRIXPOOL_SIM_STEPS: the step the ranks finish at
     spec: dict[str, Any]  # spec.checkpoint
-    rendezvous: Path | None  # MATRIXPOOL_TORCH_RENDEZVOUS; None: the trainer's default
+    port: int  # MASTER_PORT: rank 0's store, the same for every incarnation (as the pod's)
     ranks: list[Rank] = field(default_factory=list)  # every process launched, in order
 
     def node(self, rank: int) -> str:
@@ -174,9 +174,13 @@ class Job:
             "MATRIXPOOL_SIM_STEP_SECONDS": str(pause),
             "MATRIXPOOL_TORCH_WIDTH": str(WIDTH),
             "MATRIXPOOL_TORCH_TIMEOUT_SECONDS": str(DEADLINE),
+            "MASTER_ADDR": "127.0.0.1",  # rank 0's name in a pod
+            "MASTER_PORT": str(self.port),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(self.world),
+            "LOCAL_RANK": "0",
+            "GLOO_SOCKET_IFNAME": "lo",  # gloo's own sockets on loopback too
         }
-        if self.rendezvous is not None:
-            env["MATRIXPOOL_TORCH_RENDEZVOUS"] = str(self.rendezvous)
         run = f"{self.name}-{rank}-{len(self.ranks)}"
         out, err = self.cluster.root / f"{run}.out", self.cluster.root / f"{run}.err"
         with open(out, "wb") as stdout, open(err, "wb") as stderr:
@@ -295,14 +299,13 @@ def daemons(cluster: Cluster) -> Cluster:
 
 
 @pytest.fixture
-def new_job(daemons: Cluster, tmp_path: Path) -> Iterator[Callable[..., Job]]:
-    """Make a job: ``new_job(name, steps=..., spec=..., rendezvous=True)``; its ranks are
-    killed at the end of the test whatever happened."""
+def new_job(daemons: Cluster) -> Iterator[Callable[..., Job]]:
+    """Make a job: ``new_job(name, steps=..., spec=...)``, its MASTER_PORT free now; its ranks
+    are killed at the end of the test whatever happened."""
     made: list[Job] = []
 
-    def make(name: str, steps: int, spec: dict[str, Any], rendezvous: bool = True) -> Job:
-        folder = tmp_path / "rendezvous" if rendezvous else None
-        made.append(Job(daemons, name, 2, steps, spec, folder))
+    def make(name: str, steps: int, spec: dict[str, Any]) -> Job:
+        made.append(Job(daemons, name, 2, steps, spec, free_port()))
         return made[-1]
 
     try:

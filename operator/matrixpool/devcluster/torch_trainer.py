@@ -1,11 +1,14 @@
-"""A real PyTorch trainer rank: a small MLP trained on CPU with gloo, checkpointed through the
-real :class:`~matrixpool_recovery.client.Checkpointer`, restored bitwise.
+"""A real PyTorch trainer rank: a small MLP trained on CPU with gloo, on the path a user's job
+takes: torchrun's rendezvous env and ``torch.distributed.checkpoint`` (DCP) through
+:mod:`matrixpool_recovery.torch`, restored bitwise.
 
 ``python -m matrixpool.devcluster.torch_trainer``, with the pod contract of
 :mod:`matrixpool.devcluster.trainer` (docs/concepts.md, "What your training container gets";
 the annotations file, the restore and checkpoint-request annotations, ``MATRIXPOOL_SIM_STEPS``)
-and its helpers; run by tests/torch as two rank processes with that env set by hand. Needs
-torch (PyPI's torch 2.15: ``tools/torch-venv.sh`` makes ``.venv-torch``).
+and its helpers, plus torchrun's variables the operator writes into every rank's pod
+(``MASTER_ADDR``: rank 0's DNS name, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``); run by
+tests/torch as two rank processes with that env set by hand. Needs torch (PyPI's torch 2.15:
+``tools/torch-venv.sh`` makes ``.venv-torch``).
 
 Training is a pure function of (seed, step, rank), so a run that was killed and restored ends
 with the parameters of a run that never was (``reference_digest`` computes those in-process):
@@ -17,16 +20,23 @@ with the parameters of a run that never was (``reference_digest`` computes those
 * Adam's state (moments, step counters) is checkpointed with the parameters (``state_of``).
 
 What a rank does:
-1. It joins its gang through a ``FileStore`` in ``MATRIXPOOL_TORCH_RENDEZVOUS`` (a folder all
-   ranks share; default ``<tier-3 path>/<job>/torch-rendezvous`` when this rank may write
-   there, else the machine's temporary folder), one file per job, incarnation and recovery,
-   so a new incarnation never meets the ranks of the old one.
-2. It restores what the restore annotation names (model tensors filled in place), else starts
-   from step 0; ranks told "the newest" agree on the lowest step any of them found.
-3. Each step: gradient of its batch, all-gather, Adam step, save as the job's spec says
-   (``MATRIXPOOL_SIM_STEP_SECONDS``, default 0, slows steps down for tests that kill ranks).
-   Between steps it answers checkpoint requests (the first rank to see one picks the step,
-   through the store) and reloads on a new restore annotation.
+1. It joins its gang through a ``TCPStore`` at ``MASTER_ADDR:MASTER_PORT``: rank 0 serves it
+   for the life of its process (a surviving rank 0 keeps serving across recoveries), every
+   other rank connects anew at each join (resolving ``MASTER_ADDR`` again: after a recovery
+   rank 0 may be a new process on another node under the same name), retrying until the
+   timeout. Each join (incarnation and recovery) uses keys under a prefix of its own, so a
+   new incarnation never meets the old one's.
+2. It loads what ``latest()`` names (``dcp.load`` with a ``StorageReader``: the step the
+   restore annotation names, read from the daemons it names, the node's, the peers and tier
+   3; "fresh": none; no annotation or "the newest": the newest step every rank committed,
+   the lowest any rank found), else starts from step 0.
+3. Each step: gradient of its batch, all-gather, Adam step; at a step the job's spec makes
+   due on some tier, every rank calls ``dcp.save`` with a ``StorageWriter``, which returns
+   once those tiers answered (``MATRIXPOOL_SIM_STEP_SECONDS``, default 0, slows steps down
+   for tests that kill ranks). Between steps it answers checkpoint requests (the first rank
+   to see one picks the step and publishes it through the store, so every rank saves that
+   step, on every configured tier, whenever its own annotation shows the request) and
+   reloads on a new restore annotation.
 4. A collective that fails (a rank died: gloo sees its sockets close) stops the step; the rank
    waits for the restore annotation of the recovery (``MATRIXPOOL_TORCH_TIMEOUT_SECONDS``,
    default 300), leaves the broken group and joins the new incarnation's, as the operator's
@@ -39,37 +49,35 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import json
 import os
-import re
 import sys
-import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import state_dict as dcp_state
+from torch.distributed.checkpoint.api import CheckpointException
 
 from matrixpool import clock
 from matrixpool.api import labels
 from matrixpool.devcluster import trainer
-from matrixpool_recovery import client, errors
-from matrixpool_recovery import restore as restore_codec
+from matrixpool_recovery import torch as recovery_torch
 
-RENDEZVOUS_VARIABLE = "MATRIXPOOL_TORCH_RENDEZVOUS"  # folder of the gang's FileStores
 WIDTH_VARIABLE = "MATRIXPOOL_TORCH_WIDTH"  # features of the MLP's layers
 SEED_VARIABLE = "MATRIXPOOL_TORCH_SEED"  # initial weights and every batch
 TIMEOUT_VARIABLE = "MATRIXPOOL_TORCH_TIMEOUT_SECONDS"  # rendezvous, collectives, recovery wait
 PAUSE_VARIABLE = "MATRIXPOOL_SIM_STEP_SECONDS"  # extra seconds per step (the sim's knob), 0
+MASTER_PORT = 29500  # torchrun's default, when the env names none
 BATCH = 16  # samples per rank and step
 LEARNING_RATE = 1e-3
-MODEL, OPTIMIZER = "model/", "optimizer/"  # prefixes of the checkpointed names
 POLL_SECONDS = 0.05  # annotations file, while waiting for a recovery
+CONNECT_RETRY_SECONDS = 1.0  # between tries to reach rank 0's store
+ANSWERS = "matrixpool/answers"  # store counter of the checkpoint requests published
 
 
 @dataclass(frozen=True)
@@ -174,70 +182,68 @@ def reference_digest(steps: int, world_size: int, settings: Settings | None = No
         return digest(model)
 
 
-# --- checkpointed state: names -> tensors and bytes -------------------------------------------
+# --- checkpointed state: what dcp.save and dcp.load see ---------------------------------------
 
 
-def state_of(step: int, model: Any, optimizer: Any) -> dict[str, Any]:
-    """Model and optimizer as the Checkpointer's mapping: tensors by name, the rest as JSON."""
-    state: dict[str, Any] = {f"{MODEL}{k}": v for k, v in model.state_dict().items()}
-    saved = optimizer.state_dict()
-    scalars: dict[str, dict[str, Any]] = {}
-    for index, values in saved["state"].items():
-        for key, value in values.items():
-            if torch.is_tensor(value):
-                state[f"{OPTIMIZER}state/{index}/{key}"] = value
-            else:
-                scalars.setdefault(str(index), {})[key] = value
-    meta = {"param_groups": saved["param_groups"], "scalars": scalars}
-    state[f"{OPTIMIZER}meta"] = json.dumps(meta, sort_keys=True).encode()
-    state["trainer/step"] = torch.tensor(step, dtype=torch.int64)
-    return state
+def state_of(model: Any, optimizer: Any) -> dict[str, Any]:
+    """Model and optimizer as DCP's state dict (``get_state_dict``, as the examples do): the
+    model's own tensors, Adam's moments and step counters (made, at zero, for an optimizer that
+    has not stepped yet, so that a load has tensors to fill)."""
+    model_state, optimizer_state = dcp_state.get_state_dict(model, optimizer)
+    return {"model": model_state, "optimizer": optimizer_state}
 
 
-def load(model: Any, optimizer: Any, state: Mapping[str, Any]) -> int:
-    """Put a restored state back (model tensors may already be the restored ones); its step."""
-    model.load_state_dict({k[len(MODEL) :]: v for k, v in state.items() if k.startswith(MODEL)})
-    meta = json.loads(bytes(state[f"{OPTIMIZER}meta"]))
-    per_parameter: dict[int, dict[str, Any]] = {}
-    for index, values in meta["scalars"].items():
-        per_parameter.setdefault(int(index), {}).update(values)
-    prefix = f"{OPTIMIZER}state/"
-    for name, value in state.items():
-        if name.startswith(prefix):
-            index, key = name[len(prefix) :].split("/", 1)
-            per_parameter.setdefault(int(index), {})[key] = value
-    optimizer.load_state_dict({"state": per_parameter, "param_groups": meta["param_groups"]})
-    return int(state["trainer/step"])
+def load(model: Any, optimizer: Any, state: Mapping[str, Any]) -> None:
+    """Put a loaded ``state_of`` back into the model and the optimizer."""
+    dcp_state.set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+    )
 
 
 # --- the gang: a gloo process group per incarnation -------------------------------------------
 
 
-def rendezvous_folder(env: Mapping[str, str], job: str, persistent_uri: str | None) -> Path:
-    """Where the gang's FileStores go: the env's folder, a writable tier 3, or /tmp."""
-    if named := env.get(RENDEZVOUS_VARIABLE):
-        return Path(named)
-    if persistent_uri and persistent_uri.startswith("file://"):
-        root = Path(unquote(urlsplit(persistent_uri).path))
-        if root.is_dir() and os.access(root, os.W_OK):
-            return root / job / "torch-rendezvous"
-    return Path(tempfile.gettempdir()) / "matrixpool-torch-rendezvous"
+@dataclass(frozen=True)
+class Master:
+    """Where rank 0's store is, from torchrun's env (the operator's ``pods.Rendezvous``)."""
+
+    address: str  # MASTER_ADDR: rank 0's DNS name, the same after any recovery
+    port: int  # MASTER_PORT
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], rank: int, world_size: int) -> Master:
+        """MASTER_ADDR and MASTER_PORT; RANK and WORLD_SIZE, where set, must be the job's."""
+        address = env.get("MASTER_ADDR")
+        if not address:
+            raise ValueError(
+                "MASTER_ADDR is not set: the trainer finds rank 0's store at "
+                "MASTER_ADDR:MASTER_PORT, which the operator writes into every rank's pod"
+            )
+        for name, job_value in (("RANK", rank), ("WORLD_SIZE", world_size)):
+            given = env.get(name)
+            if given is not None and int(given) != job_value:
+                raise ValueError(
+                    f"{name}={given} is not the job's {job_value} (MATRIXPOOL_{name}): this "
+                    "trainer runs one process per pod (spec.rendezvous.procsPerReplica 1)"
+                )
+        return cls(address, int(env.get("MASTER_PORT") or MASTER_PORT))
 
 
 class Gang:
-    """This rank's gloo process group, joined once per incarnation (and recovery)."""
+    """This rank's gloo process group, joined once per incarnation (and recovery) through
+    rank 0's ``TCPStore``, under a key prefix of its own."""
 
-    def __init__(self, folder: Path, job: str, rank: int, world_size: int, timeout: float) -> None:
-        self.folder, self.job, self.rank, self.world_size = folder, job, rank, world_size
+    def __init__(self, master: Master, rank: int, world_size: int, timeout: float) -> None:
+        self.master, self.rank, self.world_size = master, rank, world_size
         self.timeout = datetime.timedelta(seconds=timeout)  # rendezvous and each collective
-        self.store: Any = None  # the FileStore of the group joined; None: none
+        self.server: Any = None  # rank 0's TCPStore: made once, served for the process's life
+        self.store: Any = None  # the PrefixStore of the group joined; None: none
+        self.answers_read = 0  # checkpoint requests of this group's store already read
 
     def join(self, incarnation: int, recovery: str = "") -> None:
         self.leave()
-        self.folder.mkdir(parents=True, exist_ok=True)
-        tag = re.sub(r"[^A-Za-z0-9_.-]", "_", recovery)
-        path = self.folder / f"{self.job}.{incarnation}{'.' + tag if tag else ''}.store"
-        self.store = dist.FileStore(str(path), self.world_size)
+        self.store = dist.PrefixStore(f"{incarnation}.{recovery}", self.connect())
+        self.answers_read = 0
         dist.init_process_group(
             "gloo",
             store=self.store,
@@ -245,6 +251,35 @@ class Gang:
             world_size=self.world_size,
             timeout=self.timeout,
         )
+
+    def connect(self) -> Any:
+        """Rank 0's store: served here on rank 0, a new client anywhere else (the name
+        resolved again, tries repeated until the timeout: rank 0 may be starting up)."""
+        address, port = self.master.address, self.master.port
+        if self.rank == 0:
+            if self.server is None:
+                self.server = dist.TCPStore(
+                    address, port, is_master=True, timeout=self.timeout, wait_for_workers=False
+                )
+            return self.server
+        deadline = clock.SYSTEM.monotonic() + self.timeout.total_seconds()
+        while True:
+            left = deadline - clock.SYSTEM.monotonic()
+            try:
+                return dist.TCPStore(
+                    address,
+                    port,
+                    is_master=False,
+                    timeout=datetime.timedelta(seconds=max(left, 1.0)),
+                    wait_for_workers=False,
+                )
+            except RuntimeError as err:  # DistNetworkError: not resolved, refused, timed out
+                if clock.SYSTEM.monotonic() + CONNECT_RETRY_SECONDS >= deadline:
+                    raise RuntimeError(
+                        f"rank 0's store at {address}:{port} (MASTER_ADDR:MASTER_PORT) was not "
+                        f"reached within {self.timeout.total_seconds():g}s: {err}"
+                    ) from err
+                time.sleep(CONNECT_RETRY_SECONDS)
 
     def leave(self) -> None:
         if self.store is not None:
@@ -256,17 +291,27 @@ class Gang:
         dist.all_gather(parts, flat)
         return parts
 
-    def lowest(self, step: int) -> int:
-        value = torch.tensor([step], dtype=torch.int64)
-        dist.all_reduce(value, op=dist.ReduceOp.MIN)
-        return int(value)
-
     def answer_step(self, request: str, proposal: int) -> int:
-        """The step every rank saves to answer ``request``: the first rank's proposal."""
+        """The step every rank saves to answer ``request``: the first rank's proposal, which
+        it publishes for ``answers`` of every rank."""
         key = f"matrixpool/answer/{request}"
         if self.store.add(key, 1) == 1:
             self.store.set(f"{key}/step", str(proposal))
+            number = self.store.add(ANSWERS, 1)
+            self.store.set(f"{ANSWERS}/{number}", request)
         return int(self.store.get(f"{key}/step"))
+
+    def answers(self) -> list[tuple[str, int]]:
+        """Requests some rank published since the last call, with their steps. A rank proposes
+        at most two steps ahead of where it is, after its step's gather, so every rank reads it
+        here before making that step, whenever its own annotation shows the request."""
+        count = int(self.store.add(ANSWERS, 0))
+        found = []
+        for number in range(self.answers_read + 1, count + 1):
+            request = bytes(self.store.get(f"{ANSWERS}/{number}")).decode()
+            found.append((request, int(self.store.get(f"matrixpool/answer/{request}/step"))))
+        self.answers_read = count
+        return found
 
 
 # --- one rank ---------------------------------------------------------------------------------
@@ -282,32 +327,31 @@ class TorchTrainer:
     def __init__(self, env: Mapping[str, str]) -> None:
         self.env = env
         self.settings = Settings.from_env(env)
-        self.checkpointer = client.Checkpointer.from_env(env)
-        ckpt = self.checkpointer
+        self.me = recovery_torch.Rank.from_env(env)  # the Checkpointer, the restore followed
+        ckpt = self.checkpointer = self.me.checkpointer
         self.rank, self.job, self.world_size = ckpt.rank, ckpt.job, ckpt.world_size
         self.steps = int(env.get(trainer.STEPS_VARIABLE) or 0)  # the last step; 0: forever
         self.pause = float(env.get(PAUSE_VARIABLE) or 0)  # seconds slept per step
         self.annotations_file = env.get("MATRIXPOOL_ANNOTATIONS_FILE")
-        folder = rendezvous_folder(env, self.job, ckpt.spec.persistent_uri)
-        self.gang = Gang(folder, self.job, self.rank, self.world_size, self.settings.timeout)
+        master = Master.from_env(env, self.rank, self.world_size)
+        self.gang = Gang(master, self.rank, self.world_size, self.settings.timeout)
         seen = trainer.read_annotations(self.annotations_file)
-        self.restore_seen = seen.get(labels.RESTORE, "")
         self.request_seen = seen.get(labels.CHECKPOINT_REQUEST, "")
-        self.answer_at: tuple[str, int] | None = None  # (request, step) to save on every tier
+        self.answers: dict[str, int] = {}  # request -> the step to save on every tier
         self.model = model_for(self.settings)
         self.optimizer = optimizer_for(self.model)
-        self.step = self.start(self.restore_seen)
+        self.step = self.start()
 
     def run(self) -> None:
         try:
             while not 0 < self.steps <= self.step:
                 try:
                     loss = self.train_step()
+                    self.save(self.step, loss)
                 except BrokenGangError as broken:
                     trainer.report(rank=self.rank, step=self.step, broken=str(broken))
                     self.await_restore()
                     continue
-                self.save(self.step, loss)
                 self.follow_annotations()
             trainer.report(rank=self.rank, step=self.step, finished=True, digest=digest(self.model))
         finally:
@@ -327,93 +371,89 @@ class TorchTrainer:
         return loss
 
     def save(self, step: int, loss: float) -> None:
-        state = state_of(step, self.model, self.optimizer)  # copied at capture: see staging
-        if self.answer_at is not None and step >= self.answer_at[1]:
-            request, _ = self.answer_at
-            self.answer_at = None
-            tiers = self.checkpointer.spec.configured()
-            self.checkpointer.save(step, state, tiers=tiers).done.wait()
-            trainer.report(rank=self.rank, step=step, loss=loss, answered=request)
-            return
-        self.checkpointer.save(step, state)
-        trainer.report(rank=self.rank, step=step, loss=loss)
+        """``dcp.save`` at a step due on some tier, or asked for by a checkpoint request (then
+        on every configured tier: the writer's ``tiers``). Every rank decides alike (the same
+        spec, the same published answers): DCP's save is a collective."""
+        answered = sorted(request for request, at in self.answers.items() if at <= step)
+        spec = self.checkpointer.spec
+        tiers = spec.configured() if answered else spec.due(step)
+        done: dict[str, Any] = {"answered": ",".join(answered)} if answered else {}
+        if tiers:
+            for request in answered:
+                del self.answers[request]
+            writer = recovery_torch.StorageWriter(tiers=tiers if answered else None, rank=self.me)
+            try:
+                state = state_of(self.model, self.optimizer)
+                dcp.save(state, checkpoint_id=str(step), storage_writer=writer)
+            except RuntimeError as err:  # a collective of the save: a peer is gone
+                raise BrokenGangError(str(err)) from err
+            except CheckpointException as err:  # a tier failed, on some rank: every rank sees it
+                done = {"save_failed": str(err)}
+        trainer.report(rank=self.rank, step=step, loss=loss, **done)
 
     def follow_annotations(self) -> None:
-        """Answer a new checkpoint request; reload on a new restore."""
+        """Answer a new checkpoint request (one another rank published, or one this rank's
+        annotation shows first); reload on a new restore."""
+        for request, at in self.gang.answers():
+            self.answers[request] = at
+            self.request_seen = request
         seen = trainer.read_annotations(self.annotations_file)
         request = seen.get(labels.CHECKPOINT_REQUEST, "")
         if request and request != self.request_seen:
             self.request_seen = request
-            # Ranks are at most one step apart (each step gathers): both can make step + 2.
-            self.answer_at = (request, self.gang.answer_step(request, self.step + 2))
-        restore = seen.get(labels.RESTORE, "")
-        if restore and restore != self.restore_seen:
-            self.reload(restore)
+            # Ranks are at most one step apart (each step gathers): all can make step + 2.
+            self.answers[request] = self.gang.answer_step(request, self.step + 2)
+        if self.restore_asked():
+            self.reload()
+
+    def restore_asked(self) -> bool:
+        """Whether the restore annotation changed to a value not loaded yet."""
+        asked = self.me.follow()
+        return asked is not None and not self.me.loaded
 
     def await_restore(self) -> None:
         """After a broken collective: wait for the recovery's restore annotation, or exit 1."""
         deadline = clock.SYSTEM.monotonic() + self.settings.timeout
         while clock.SYSTEM.monotonic() < deadline:
-            restore = trainer.read_annotations(self.annotations_file).get(labels.RESTORE, "")
-            if restore and restore != self.restore_seen:
-                self.reload(restore)
+            if self.restore_asked():
+                self.reload()
                 return
             time.sleep(POLL_SECONDS)
         trainer.report(rank=self.rank, step=self.step, error="no recovery came: exiting")
         raise SystemExit(1)
 
-    def reload(self, where: str) -> None:
-        self.restore_seen = where
-        self.answer_at = None
+    def reload(self) -> None:
+        self.answers = {}
         self.gang.leave()
-        self.step = self.start(where)
+        self.step = self.start()
 
-    def start(self, where: str) -> int:
-        """Join the gang of the run the annotation names and restore; the step to go on from."""
-        asked = restore_codec.parse_restore(where)
-        if asked is not None and asked.incarnation is not None:
-            self.checkpointer.start_incarnation(asked.incarnation)
-        self.gang.join(self.checkpointer.incarnation, asked.recovery if asked else "")
-        if asked is None or asked.fresh:  # step 0: the initial weights, a new optimizer
+    def start(self) -> int:
+        """Join the gang of the run the restore annotation names (``Rank.follow`` started its
+        incarnation) and load what ``latest()`` names; the step to go on from."""
+        asked = self.me.follow()
+        recovery = asked.recovery if asked is not None else ""
+        self.gang.join(self.checkpointer.incarnation, recovery)
+        found = recovery_torch.latest(self.me)
+        if found is None:  # step 0: the initial weights, a new optimizer
             self.model.load_state_dict(model_for(self.settings).state_dict())
             self.optimizer = optimizer_for(self.model)
-            fresh = {"fresh": True, "recovery": asked.recovery} if asked else {}
+            fresh = {"fresh": True, "recovery": recovery} if asked and asked.fresh else {}
             trainer.report(rank=self.rank, step=0, restored=None, **fresh)
             return 0
-        restored = self.read(asked)
-        step = restored.step if asked.step is not None else self.gang.lowest(restored.step)
-        if step != restored.step:  # another rank found an older newest step
-            restored = self.read(restore_codec.Restore(step, asked.sources, of=asked.of))
-        self.checkpointer.base = load(self.model, self.optimizer, restored.state)
+        state = state_of(self.model, self.optimizer)  # the model's own tensors, filled in place
+        reader = recovery_torch.StorageReader(rank=self.me)
+        dcp.load(state, checkpoint_id=found, storage_reader=reader)
+        load(self.model, self.optimizer, state)
+        step = int(found)
         trainer.report(
             rank=self.rank,
-            step=restored.step,
-            restored=restored.step,
-            source=restored.source,
-            recovery=asked.recovery,
-            skipped=list(restored.skipped),
+            step=step,
+            restored=step,
+            source=reader.sources.get(self.rank, reader.metadata_source),
+            sources={str(rank): source for rank, source in sorted(reader.sources.items())},
+            recovery=recovery,
         )
-        return restored.step
-
-    def read(self, asked: restore_codec.Restore) -> client.Restored:
-        """This rank's shard of the step asked for, model tensors filled in place. As the
-        simulated trainer does: a reader of its own (saves in flight must not hold it up),
-        first from the daemons the operator named, then from every peer."""
-        peers = self.env.get("MATRIXPOOL_CKPT_PEERS", "").split(",")
-        narrow = ",".join(asked.sources)
-        wide = ",".join(dict.fromkeys(p for p in [*peers, *asked.sources] if p))
-        attempts = [narrow, wide] if asked.step is not None else [wide]
-        into = {f"{MODEL}{k}": v for k, v in self.model.state_dict().items()}
-        for index, listed in enumerate(attempts):
-            reader = client.Checkpointer.from_env({**self.env, "MATRIXPOOL_CKPT_PEERS": listed})
-            try:
-                return reader.restore(asked.step, incarnation=asked.of, into=into)
-            except errors.NoCheckpointError:
-                if index == len(attempts) - 1:
-                    raise
-            finally:
-                reader.close()
-        raise AssertionError("unreachable: the last attempt returns or raises")
+        return step
 
 
 def main() -> int:
