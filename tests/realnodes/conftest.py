@@ -1,8 +1,10 @@
-"""The real-node suite: `matrixpool cluster up --real-nodes 3` (kubelets with containerd and
+"""The real-node suite: `matrixpool cluster up --real-nodes 4` (kubelets with containerd and
 runc, in network and mount namespaces of their own), the image built here by `make image`
 (tools/image/build.sh) and loaded into every node, and the chart installed by `helm install`
-with charts/matrixpool/ci/real-nodes-values.yaml. The operator, its daemons, the device plugin
-and the trainers run in real containers. Needs root; under CI a refusal is a failure."""
+with charts/matrixpool/ci/real-nodes-values.yaml, the operator pinned to the node SuperNode
+sn-real keeps spare (a drill that kills a rank's node leaves the operator up). The operator, its
+daemons, the device plugin and the trainers run in real containers. Needs root; under CI a
+refusal is a failure."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,10 +27,14 @@ from tests.integration import framework
 from tests.integration.chart import CHART, RELEASE, REPO, SYSTEM
 from tests.integration.conftest import namespace  # noqa: F401 -- a fixture of this suite too
 
-# Two kwok nodes beside three real ones: the real ones form SuperNode sn-real (2 racks of 2).
+# Two kwok nodes beside four real ones: the real ones form SuperNode sn-real (2 racks of 2).
 SHAPE = topology.Shape(supernodes=1, nodes_per_supernode=2, cards_per_node=8, nodes_per_rack=2)
-REAL_NODES = 3
+REAL_NODES = 4
 REAL_SUPERNODE = "sn-real"
+# The spare of sn-real (`spares: {nodes: 1}`): the operator keeps the idle node at the end of the
+# name order (placement.inventory.choose_spares). The operator runs there, so that a job of 3
+# ranks fills the other three nodes and any of them can lose its power under the job.
+SPARE = f"real-{REAL_NODES - 1}"
 VALUES = CHART / "ci" / "real-nodes-values.yaml"
 IMAGE = "matrixpool:dev"
 
@@ -40,7 +48,7 @@ def _require_root() -> None:
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[framework.TestCluster]:
-    """The control plane with 2 kwok nodes and 3 real nodes, no CRDs (the chart has them)."""
+    """The control plane with 2 kwok nodes and 4 real nodes, no CRDs (the chart has them)."""
     _require_root()
     local = devcluster.Cluster(
         tmp_path_factory.mktemp("cluster"),
@@ -71,16 +79,24 @@ def image(cluster: framework.TestCluster) -> str:
 
 @pytest.fixture(scope="session")
 def installed(cluster: framework.TestCluster, image: str) -> Iterator[framework.TestCluster]:
-    """`helm install matrixpool charts/matrixpool -f charts/matrixpool/ci/real-nodes-values.yaml`;
-    returns once the operator and a daemon on every real node run, and the nodes show cards."""
+    """`helm install matrixpool charts/matrixpool -f charts/matrixpool/ci/real-nodes-values.yaml`
+    with the operator on the spare node; returns once the operator and a daemon on every real
+    node run. Four nodes start their Python pods at once on this 2-core machine: minutes."""
     cluster.kubectl("create", "namespace", SYSTEM)
-    cluster.helm("install", RELEASE, str(CHART), "-n", SYSTEM, "-f", str(VALUES))
-    framework.eventually(
-        lambda: running(cluster, "operator"), timeout=180, what="the operator pod running"
+    pin = f"nodeSelector.kubernetes\\.io/hostname={SPARE}"
+    cluster.helm(
+        "install", RELEASE, str(CHART), "-n", SYSTEM, "-f", str(VALUES), "--set-string", pin
     )
+    try:
+        framework.eventually(
+            lambda: running(cluster, "operator"), timeout=300, what="the operator pod running"
+        )
+    except AssertionError:
+        print(cluster.kubectl("describe", "pods", "-n", SYSTEM, check=False).stdout[-12000:])
+        raise
     framework.eventually(
         lambda: len(running(cluster, "checkpoint-daemon")) == REAL_NODES,
-        timeout=180,
+        timeout=300,
         what="a running checkpoint daemon pod on every real node",
     )
     try:
@@ -117,3 +133,70 @@ def running(cluster: framework.TestCluster, component: str) -> list[dict[str, An
         if statuses and all(s.get("ready") and "running" in s.get("state", {}) for s in statuses):
             found.append(pod)
     return found
+
+
+def supernode() -> dict[str, Any]:
+    """sn-real: the real nodes, 8 cards each, racks as topology, one spare node (SPARE)."""
+    return {
+        "apiVersion": "matrixpool.dev/v1alpha1",
+        "kind": "SuperNode",
+        "metadata": {"name": REAL_SUPERNODE},
+        "spec": {
+            "nodeSelector": {"matchLabels": {"matrixpool.dev/supernode": REAL_SUPERNODE}},
+            "cardResource": "huawei.com/Ascend910",
+            "cardsPerNode": 8,
+            "topologyKeys": ["matrixpool.dev/rack"],
+            "spares": {"nodes": 1},
+        },
+    }
+
+
+def last_line(cluster: framework.TestCluster, ns: str, pod: str) -> dict[str, Any]:
+    """The last JSON line ``pod`` printed (a trainer's: its step, or its final digest)."""
+    logs = cluster.kubectl("logs", "-n", ns, pod, check=False).stdout
+    lines = [json.loads(x) for x in logs.splitlines() if x.startswith("{")]
+    return lines[-1] if lines else {}
+
+
+class EndedPods:
+    """Keeps the last log lines of every pod of ``namespace`` whose container ended, read while
+    the test runs (a recovery deletes a failed pod, and its log with it); printed on request.
+    Polls every 2 s for at most ``limit`` seconds."""
+
+    def __init__(self, cluster: framework.TestCluster, ns: str, limit: float = 900) -> None:
+        self.cluster, self.namespace, self.limit = cluster, ns, limit
+        self.seen: dict[str, str] = {}  # pod UID -> "name on node: exit code + log tail"
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> EndedPods:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=30)
+        if exc[0] is not None:
+            print("\n\n".join(self.seen.values()))
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + self.limit
+        while not self.stop.wait(2) and time.monotonic() < deadline:
+            out = self.cluster.kubectl(
+                "get", "pods", "-n", self.namespace, "-o", "json", check=False
+            )
+            if out.returncode:
+                continue
+            for pod in json.loads(out.stdout)["items"]:
+                uid, name = pod["metadata"]["uid"], pod["metadata"]["name"]
+                statuses = pod["status"].get("containerStatuses") or []
+                ended = [s["state"]["terminated"] for s in statuses if "terminated" in s["state"]]
+                if uid in self.seen or not ended:
+                    continue
+                logs = self.cluster.kubectl(
+                    "logs", "-n", self.namespace, name, "--tail=40", check=False
+                ).stdout
+                where = pod["spec"].get("nodeName")
+                restore = (pod["metadata"].get("annotations") or {}).get("matrixpool.dev/restore")
+                head = f"--- {name} on {where}, exit {ended[0].get('exitCode')}, restore {restore}"
+                self.seen[uid] = f"{head}\n{logs}"

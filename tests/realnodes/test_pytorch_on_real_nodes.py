@@ -1,5 +1,6 @@
 """A PyTorch job on real nodes (issue 14): the example trainer (matrixpool.devcluster.torch_trainer,
-gloo across ranks on two nodes, model and Adam state through the Checkpointer) in containers of
+gloo across ranks on two nodes that meet at MASTER_ADDR, rank 0's name in the job's headless
+Service; model and Adam state through DCP on matrixpool_recovery.torch) in containers of
 the image built here, through a killed trainer container (InPlace) and a stopped kubelet (its
 node's Lease goes stale: SpareSwap onto the spare real node), to Succeeded; the parameters at
 the last step are bitwise those of a run that never failed."""
@@ -7,32 +8,22 @@ the last step are bitwise those of a run that never failed."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 from tests.integration import framework
-from tests.realnodes.conftest import IMAGE, REAL_SUPERNODE, running
+from tests.realnodes.conftest import (
+    IMAGE,
+    REAL_SUPERNODE,
+    SPARE,
+    last_line,
+    running,
+    supernode,
+)
 
 JOB = "torch-mlp"
 STEPS = 80
 RANKS = 2
-RENDEZVOUS = Path("/var/lib/matrixpool/rendezvous")  # shared by every node, as tier 3 is
 PERSISTENT = "/var/lib/matrixpool/persistent"  # the chart's persistentPath
-
-
-def supernode() -> dict[str, Any]:
-    return {
-        "apiVersion": "matrixpool.dev/v1alpha1",
-        "kind": "SuperNode",
-        "metadata": {"name": REAL_SUPERNODE},
-        "spec": {
-            "nodeSelector": {"matchLabels": {"matrixpool.dev/supernode": REAL_SUPERNODE}},
-            "cardResource": "huawei.com/Ascend910",
-            "cardsPerNode": 8,
-            "topologyKeys": ["matrixpool.dev/rack"],
-            "spares": {"nodes": 1},
-        },
-    }
 
 
 def job() -> dict[str, Any]:
@@ -42,7 +33,6 @@ def job() -> dict[str, Any]:
     env = {
         "MATRIXPOOL_SIM_STEPS": str(STEPS),
         "MATRIXPOOL_SIM_STEP_SECONDS": "1.0",
-        "MATRIXPOOL_TORCH_RENDEZVOUS": "/rendezvous",
         "MATRIXPOOL_TORCH_TIMEOUT_SECONDS": "240",
     }
     return {
@@ -63,13 +53,6 @@ def job() -> dict[str, Any]:
                             "imagePullPolicy": "Never",
                             "command": ["python", "-m", "matrixpool.devcluster.torch_trainer"],
                             "env": [{"name": k, "value": v} for k, v in env.items()],
-                            "volumeMounts": [{"name": "rendezvous", "mountPath": "/rendezvous"}],
-                        }
-                    ],
-                    "volumes": [
-                        {
-                            "name": "rendezvous",
-                            "hostPath": {"path": str(RENDEZVOUS), "type": "Directory"},
                         }
                     ],
                 }
@@ -120,12 +103,6 @@ def rank_pods(cluster: framework.TestCluster, namespace: str) -> dict[int, dict[
     }
 
 
-def last_line(cluster: framework.TestCluster, namespace: str, pod: str) -> dict[str, Any]:
-    logs = cluster.kubectl("logs", "-n", namespace, pod, check=False).stdout
-    lines = [json.loads(x) for x in logs.splitlines() if x.startswith("{")]
-    return lines[-1] if lines else {}
-
-
 def reference(cluster: framework.TestCluster, namespace: str, node: str) -> dict[str, Any]:
     """A pod computing the fault-free run's digest in one process (same seed, width, steps)."""
     code = (
@@ -157,8 +134,6 @@ def test_a_pytorch_job_recovers_on_real_nodes_to_the_parameters_of_a_fault_free_
     namespace: str,
 ) -> None:
     cluster = installed
-    RENDEZVOUS.mkdir(parents=True, exist_ok=True)
-    RENDEZVOUS.chmod(0o1777)
     cluster.kubectl("apply", "-f", "-", input=json.dumps(supernode()))
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(job()))
     training(cluster, namespace, past=4)
@@ -171,7 +146,8 @@ def test_a_pytorch_job_recovers_on_real_nodes_to_the_parameters_of_a_fault_free_
             annotations["deviceplugin.matrixpool.dev/allocated-cards"]
             == (annotations["matrixpool.dev/cards"])
         ), annotations
-    spare = ({f"real-{i}" for i in range(3)} - {p["spec"]["nodeName"] for p in pods.values()}).pop()
+    spare = SPARE
+    assert spare not in {p["spec"]["nodeName"] for p in pods.values()}
     cluster.kubectl("apply", "-f", "-", input=json.dumps(reference(cluster, namespace, spare)))
 
     # 1. A trainer container is killed: its rank restarts in place from its node's memory.
