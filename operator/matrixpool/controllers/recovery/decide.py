@@ -21,7 +21,7 @@ import asyncio
 import datetime
 import os
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import structlog
 
@@ -222,16 +222,39 @@ def restarts_gang(workload: Workload) -> bool:
     )
 
 
+HOLDERS_NAMED = 32  # daemons every restore names beside a rank's own: more, and rank 0's only
+
+
+def shared_holders(plan: policy.Plan, endpoints: Mapping[str, str]) -> list[tuple[str, str]]:
+    """(node, endpoint) of the daemons holding the chosen copies every rank is told about: all
+    of them while they are few (a reader may need other ranks' shards: DCP keeps a replicated
+    tensor once, in some rank's shard), else the holder of rank 0's (DCP's Metadata, which
+    every rank reads), so that an annotation stays small at any scale."""
+    held: dict[str, str] = {}
+    for rank in sorted(plan.sources):
+        node = plan.sources[rank].node
+        if node and node not in held and endpoints.get(node):
+            held[node] = endpoints[node]
+    if len(held) <= HOLDERS_NAMED:
+        return list(held.items())
+    first = plan.sources.get(0)
+    node = first.node if first is not None else None
+    return [(node, held[node])] if node and node in held else []
+
+
 def restore_sources(
-    plan: policy.Plan, rank: int, home: str | None, endpoints: Mapping[str, str]
+    plan: policy.Plan,
+    rank: int,
+    home: str | None,
+    endpoints: Mapping[str, str],
+    shared: Sequence[tuple[str, str]] = (),
 ) -> list[str]:
-    """The daemons a rank's restore annotation names: the one holding its own chosen copy
-    first, then those holding every other rank's, none on ``home`` (the node it restarts on,
-    whose daemon it asks anyway). A reader may need other ranks' shards: DCP keeps a
-    replicated tensor once, in some rank's shard, and every rank reads rank 0's Metadata."""
-    order = [plan.sources[rank], *(plan.sources[r] for r in sorted(plan.sources) if r != rank)]
-    named = (endpoints.get(c.node, "") for c in order if c.node and c.node != home)
-    return list(dict.fromkeys(e for e in named if e))
+    """The daemons a rank's restore annotation names: the one holding its own chosen copy,
+    then the ``shared`` ones (:func:`shared_holders`), none on ``home`` (the node it restarts
+    on, whose daemon it asks anyway)."""
+    own = plan.sources[rank].node
+    named = [(own, endpoints.get(own, "")) if own else ("", ""), *shared]
+    return list(dict.fromkeys(e for n, e in named if e and n != home))
 
 
 def plan_record(
@@ -254,6 +277,7 @@ def plan_record(
             targets |= {str(r): n for r, n in view.node_of.items() if str(r) not in targets}
             targets = dict(sorted(targets.items(), key=lambda item: int(item[0])))
     by_value: dict[str, list[int]] = {}  # restore annotation -> the ranks that get it
+    shared = [] if plan.fresh else shared_holders(plan, found.endpoints)
     for rank in range(view.world_size):
         if plan.fresh:  # no checkpoint yet: every rank starts again from step 0, reads nothing
             value = restore_codec.restore_value(
@@ -267,7 +291,7 @@ def plan_record(
             home = targets.get(str(rank)) or view.node_of.get(rank)
         value = restore_codec.restore_value(
             plan.restored_step,
-            restore_sources(plan, rank, home, found.endpoints),
+            restore_sources(plan, rank, home, found.endpoints, shared),
             recovery_id,
             incarnation=incarnation,
             of=written_by,

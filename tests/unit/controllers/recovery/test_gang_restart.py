@@ -85,10 +85,16 @@ def test_every_rank_is_told_the_daemons_holding_any_ranks_copy() -> None:
     }
     plan = dataclasses.replace(plan, sources=sources)
     endpoints = {f"n{i}": f"10.0.0.{i}:7040" for i in range(4)}
-    assert decide.restore_sources(plan, 0, "n3", endpoints) == ["10.0.0.1:7040", "10.0.0.0:7040"]
-    assert decide.restore_sources(plan, 1, "n1", endpoints) == ["10.0.0.0:7040"]
-    assert decide.restore_sources(plan, 2, "n2", endpoints) == ["10.0.0.0:7040", "10.0.0.1:7040"]
-    assert decide.restore_sources(plan, 2, None, {}) == []  # no endpoint known: none named
+    shared = decide.shared_holders(plan, endpoints)
+    assert shared == [("n1", "10.0.0.1:7040"), ("n0", "10.0.0.0:7040")]
+    named = {
+        (rank, home): decide.restore_sources(plan, rank, home, endpoints, shared)
+        for rank, home in ((0, "n3"), (1, "n1"), (2, "n2"))
+    }
+    assert named[0, "n3"] == ["10.0.0.1:7040", "10.0.0.0:7040"]
+    assert named[1, "n1"] == ["10.0.0.0:7040"]
+    assert named[2, "n2"] == ["10.0.0.0:7040", "10.0.0.1:7040"]
+    assert decide.restore_sources(plan, 2, None, {}, []) == []  # no endpoint known: none named
     inventory = daemonclient.Inventory(endpoints=endpoints)
     record = decide.plan_record(job, plan, view, inventory, T0)
     told = {r: restore_codec.parse_restore(record.restore_for(r) or "") for r in range(3)}
@@ -96,3 +102,27 @@ def test_every_rank_is_told_the_daemons_holding_any_ranks_copy() -> None:
     assert sorted(told[0].sources) == ["10.0.0.0:7040", "10.0.0.1:7040"]
     assert told[1] is not None
     assert told[1].sources == ("10.0.0.0:7040",)
+
+
+def test_a_restore_names_rank_0s_holder_alone_once_the_holders_are_many() -> None:
+    """At scale every annotation would list every holder: then only rank 0's (the Metadata)
+    is named beside a rank's own."""
+    ranks = decide.HOLDERS_NAMED + 8
+    sources = {
+        r: policy.Copy(r, 8, policy.Tier.MEMORY, policy.NodeName(f"n{r}")) for r in range(ranks)
+    }
+    plan = policy.Plan(
+        level=policy.Level.IN_PLACE,
+        cause="PodFailed",
+        ranks=frozenset({5}),
+        targets={},
+        sources=sources,
+        restored_step=8,
+        lost_steps=0,
+        reason="",
+    )
+    endpoints = {f"n{r}": f"e{r}" for r in range(ranks)}
+    shared = decide.shared_holders(plan, endpoints)
+    assert shared == [("n0", "e0")]
+    assert decide.restore_sources(plan, 5, None, endpoints, shared) == ["e5", "e0"]
+    assert decide.restore_sources(plan, 0, "n1", endpoints, shared) == ["e0"]
