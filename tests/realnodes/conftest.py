@@ -200,3 +200,50 @@ class EndedPods:
                 restore = (pod["metadata"].get("annotations") or {}).get("matrixpool.dev/restore")
                 head = f"--- {name} on {where}, exit {ended[0].get('exitCode')}, restore {restore}"
                 self.seen[uid] = f"{head}\n{logs}"
+
+
+class Watched:
+    """A TrainingJob of a test, read as the tests wait on it: its status, its rank pods."""
+
+    def __init__(self, cluster: framework.TestCluster, ns: str, name: str) -> None:
+        self.cluster, self.namespace, self.name = cluster, ns, name
+
+    def status(self) -> dict[str, Any]:
+        body = self.cluster.api.custom.get_namespaced_custom_object(
+            "matrixpool.dev", "v1alpha1", self.namespace, "trainingjobs", self.name
+        )
+        return dict(body.get("status") or {})
+
+    def training(self, past: int, timeout: float = 300) -> dict[str, Any]:
+        """The status once the job runs, recovers nothing, and committed a step after ``past``."""
+
+        def probe() -> dict[str, Any] | None:
+            now = self.status()
+            step = (now.get("checkpoints") or {}).get("memory")
+            running_now = now.get("phase") == "Running" and not now.get("recovering")
+            return now if running_now and isinstance(step, int) and step > past else None
+
+        what = f"{self.name} running past step {past}"
+        return framework.eventually(probe, timeout=timeout, what=what)
+
+    def recovered(self, count: int, timeout: float = 300) -> dict[str, Any]:
+        """Entry ``count`` of status.recoveries, once that recovery has ended."""
+
+        def probe() -> dict[str, Any] | None:
+            now = self.status()
+            entries = now.get("recoveries") or []
+            done = len(entries) >= count and now.get("phase") in ("Running", "Succeeded")
+            return entries[count - 1] if done and not now.get("recovering") else None
+
+        return framework.eventually(probe, timeout=timeout, interval=1, what=f"recovery {count}")
+
+    def rank_pods(self) -> dict[int, dict[str, Any]]:
+        out = self.cluster.kubectl(
+            "get", "pods", "-n", self.namespace, "-l", f"matrixpool.dev/job={self.name}",
+            "-o", "json",
+        )  # fmt: skip
+        return {
+            int(p["metadata"]["labels"]["matrixpool.dev/rank"]): p
+            for p in json.loads(out.stdout)["items"]
+            if not p["metadata"].get("deletionTimestamp")
+        }

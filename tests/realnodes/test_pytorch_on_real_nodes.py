@@ -15,6 +15,7 @@ from tests.realnodes.conftest import (
     IMAGE,
     REAL_SUPERNODE,
     SPARE,
+    Watched,
     last_line,
     running,
     supernode,
@@ -65,44 +66,6 @@ def job() -> dict[str, Any]:
     }
 
 
-def status(cluster: framework.TestCluster, namespace: str) -> dict[str, Any]:
-    body = cluster.api.custom.get_namespaced_custom_object(
-        "matrixpool.dev", "v1alpha1", namespace, "trainingjobs", JOB
-    )
-    return dict(body.get("status") or {})
-
-
-def training(cluster: framework.TestCluster, namespace: str, past: int) -> dict[str, Any]:
-    def probe() -> dict[str, Any] | None:
-        now = status(cluster, namespace)
-        step = (now.get("checkpoints") or {}).get("memory")
-        running_now = now.get("phase") == "Running" and not now.get("recovering")
-        return now if running_now and isinstance(step, int) and step > past else None
-
-    return framework.eventually(probe, timeout=240, what=f"{JOB} running past step {past}")
-
-
-def recovered(cluster: framework.TestCluster, namespace: str, count: int) -> dict[str, Any]:
-    def probe() -> dict[str, Any] | None:
-        now = status(cluster, namespace)
-        entries = now.get("recoveries") or []
-        done = len(entries) >= count and now.get("phase") in ("Running", "Succeeded")
-        return entries[count - 1] if done and not now.get("recovering") else None
-
-    return framework.eventually(probe, timeout=240, interval=1, what=f"recovery {count}")
-
-
-def rank_pods(cluster: framework.TestCluster, namespace: str) -> dict[int, dict[str, Any]]:
-    out = cluster.kubectl(
-        "get", "pods", "-n", namespace, "-l", f"matrixpool.dev/job={JOB}", "-o", "json"
-    )
-    return {
-        int(p["metadata"]["labels"]["matrixpool.dev/rank"]): p
-        for p in json.loads(out.stdout)["items"]
-        if not p["metadata"].get("deletionTimestamp")
-    }
-
-
 def reference(cluster: framework.TestCluster, namespace: str, node: str) -> dict[str, Any]:
     """A pod computing the fault-free run's digest in one process (same seed, width, steps)."""
     code = (
@@ -134,11 +97,12 @@ def test_a_pytorch_job_recovers_on_real_nodes_to_the_parameters_of_a_fault_free_
     namespace: str,
 ) -> None:
     cluster = installed
+    watched = Watched(cluster, namespace, JOB)
     cluster.kubectl("apply", "-f", "-", input=json.dumps(supernode()))
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(job()))
-    training(cluster, namespace, past=4)
+    watched.training(past=4)
     operator_node = running(cluster, "operator")[0]["spec"]["nodeName"]
-    pods = rank_pods(cluster, namespace)
+    pods = watched.rank_pods()
     assert len({p["spec"]["nodeName"] for p in pods.values()}) == RANKS  # 8 cards: a node each
     for pod in pods.values():  # the device plugin gave each rank the cards the operator chose
         annotations = pod["metadata"]["annotations"]
@@ -154,14 +118,14 @@ def test_a_pytorch_job_recovers_on_real_nodes_to_the_parameters_of_a_fault_free_
     victim = pods[1]
     container = victim["status"]["containerStatuses"][0]["containerID"].split("//", 1)[1]
     cluster.local.kill_container(victim["spec"]["nodeName"], container)
-    entry = recovered(cluster, namespace, 1)
+    entry = watched.recovered(1)
     assert entry["level"] == "InPlace", entry
     assert entry["ranks"] == [1], entry
 
     # 2. A node's kubelet stops (its containers go on running, unseen): the node's Lease goes
     #    stale and the rank on it moves to the spare real node.
-    training(cluster, namespace, past=entry["restoredStep"] + 2)
-    pods = rank_pods(cluster, namespace)
+    watched.training(past=entry["restoredStep"] + 2)
+    pods = watched.rank_pods()
     rank, node = next(
         (r, p["spec"]["nodeName"])
         for r, p in sorted(pods.items())
@@ -169,15 +133,15 @@ def test_a_pytorch_job_recovers_on_real_nodes_to_the_parameters_of_a_fault_free_
     )
     cluster.local.stop_kubelet(node)
     try:
-        entry = recovered(cluster, namespace, 2)
+        entry = watched.recovered(2)
         assert entry["level"] == "SpareSwap", entry
         assert entry["ranks"] == [rank], entry
-        moved = rank_pods(cluster, namespace)[rank]
+        moved = watched.rank_pods()[rank]
         assert moved["spec"]["nodeName"] == spare, moved["spec"]["nodeName"]
 
         # 3. To the end: Succeeded, every rank's parameters those of the fault-free run.
         framework.eventually(
-            lambda: status(cluster, namespace).get("phase") == "Succeeded",
+            lambda: watched.status().get("phase") == "Succeeded",
             timeout=300,
             interval=1,
             what=f"{JOB} Succeeded",
@@ -186,7 +150,7 @@ def test_a_pytorch_job_recovers_on_real_nodes_to_the_parameters_of_a_fault_free_
         cluster.local.start_kubelet(node)
     final = {
         r: last_line(cluster, namespace, p["metadata"]["name"])
-        for r, p in rank_pods(cluster, namespace).items()
+        for r, p in watched.rank_pods().items()
     }
     expected = framework.eventually(
         lambda: last_line(cluster, namespace, "torch-reference").get("digest"),

@@ -28,6 +28,7 @@ from tests.realnodes.conftest import (
     REAL_SUPERNODE,
     SPARE,
     EndedPods,
+    Watched,
     last_line,
     running,
     supernode,
@@ -116,46 +117,6 @@ def resolver(namespace: str, node: str, name: str) -> dict[str, Any]:
     }
 
 
-def status(cluster: framework.TestCluster, namespace: str) -> dict[str, Any]:
-    body = cluster.api.custom.get_namespaced_custom_object(
-        "matrixpool.dev", "v1alpha1", namespace, "trainingjobs", JOB
-    )
-    return dict(body.get("status") or {})
-
-
-def training(cluster: framework.TestCluster, namespace: str, past: int) -> dict[str, Any]:
-    """The job's status once it runs, recovers nothing, and committed a step after ``past``."""
-
-    def probe() -> dict[str, Any] | None:
-        now = status(cluster, namespace)
-        step = (now.get("checkpoints") or {}).get("memory")
-        running_now = now.get("phase") == "Running" and not now.get("recovering")
-        return now if running_now and isinstance(step, int) and step > past else None
-
-    return framework.eventually(probe, timeout=300, what=f"{JOB} running past step {past}")
-
-
-def recovered(cluster: framework.TestCluster, namespace: str, count: int) -> dict[str, Any]:
-    def probe() -> dict[str, Any] | None:
-        now = status(cluster, namespace)
-        entries = now.get("recoveries") or []
-        done = len(entries) >= count and now.get("phase") in ("Running", "Succeeded")
-        return entries[count - 1] if done and not now.get("recovering") else None
-
-    return framework.eventually(probe, timeout=300, interval=1, what=f"recovery {count}")
-
-
-def rank_pods(cluster: framework.TestCluster, namespace: str) -> dict[int, dict[str, Any]]:
-    out = cluster.kubectl(
-        "get", "pods", "-n", namespace, "-l", f"matrixpool.dev/job={JOB}", "-o", "json"
-    )
-    return {
-        int(p["metadata"]["labels"]["matrixpool.dev/rank"]): p
-        for p in json.loads(out.stdout)["items"]
-        if not p["metadata"].get("deletionTimestamp")
-    }
-
-
 def terminated(cluster: framework.TestCluster, namespace: str, pod: str) -> dict[str, Any]:
     def probe() -> dict[str, Any] | None:
         out = cluster.kubectl("get", "pod", pod, "-n", namespace, "-o", "json", check=False)
@@ -182,9 +143,10 @@ def test_a_torchrun_job_recovers_from_a_power_cut_and_a_crash_to_the_fault_free_
 
 
 def run_through_faults(cluster: framework.TestCluster, namespace: str) -> None:
-    training(cluster, namespace, past=5)
+    watched = Watched(cluster, namespace, JOB)
+    watched.training(past=5)
 
-    pods = rank_pods(cluster, namespace)
+    pods = watched.rank_pods()
     nodes = {r: p["spec"]["nodeName"] for r, p in pods.items()}
     assert sorted(nodes) == list(range(RANKS))
     assert set(nodes.values()) == {f"real-{i}" for i in range(REAL_NODES)} - {SPARE}
@@ -205,15 +167,15 @@ def run_through_faults(cluster: framework.TestCluster, namespace: str) -> None:
     lost = nodes[0]
     cluster.matrixpool("cluster", "fault", "power-off", lost)
     try:
-        entry = recovered(cluster, namespace, 1)
+        entry = watched.recovered(1)
         assert entry["level"] == "SpareSwap", entry
         # The others' collectives failed at once (their peer's address is gone: no route), so
         # their pods failed too and the entry lists them; they restart on their own nodes.
         assert 0 in entry["ranks"], entry
         swapped = entry["restoredStep"]
         assert swapped >= 5, entry
-        training(cluster, namespace, past=swapped + 2)
-        pods = rank_pods(cluster, namespace)
+        watched.training(past=swapped + 2)
+        pods = watched.rank_pods()
         assert pods[0]["spec"]["nodeName"] == SPARE
         assert {r: pods[r]["spec"]["nodeName"] for r in (1, 2)} == {r: nodes[r] for r in (1, 2)}
         assert pods[0]["spec"]["hostname"] == f"{JOB}-0"
@@ -236,14 +198,14 @@ def run_through_faults(cluster: framework.TestCluster, namespace: str) -> None:
         victim = pods[1]
         container = victim["status"]["containerStatuses"][0]["containerID"].split("//", 1)[1]
         cluster.local.kill_container(victim["spec"]["nodeName"], container)
-        entry = recovered(cluster, namespace, 2)
+        entry = watched.recovered(2)
         assert entry["level"] == "InPlace", entry
         assert 1 in entry["ranks"], entry
         assert entry["restoredStep"] > swapped, entry
 
         # 3. To the end: Succeeded, every rank's parameters those of the fault-free run.
         framework.eventually(
-            lambda: status(cluster, namespace).get("phase") == "Succeeded",
+            lambda: watched.status().get("phase") == "Succeeded",
             timeout=300,
             interval=1,
             what=f"{JOB} Succeeded",
@@ -252,7 +214,7 @@ def run_through_faults(cluster: framework.TestCluster, namespace: str) -> None:
         cluster.matrixpool("cluster", "fault", "power-on", lost, check=False)
     final = {
         r: last_line(cluster, namespace, p["metadata"]["name"])
-        for r, p in rank_pods(cluster, namespace).items()
+        for r, p in watched.rank_pods().items()
     }
     assert terminated(cluster, namespace, "ddp-reference").get("exitCode") == 0
     reference_log = cluster.kubectl("logs", "-n", namespace, "ddp-reference").stdout
