@@ -424,6 +424,16 @@ def in_ranks(rank: int, key: str) -> bool:
     return False
 
 
+def highest_rank(key: str) -> int:
+    """The highest rank ``key`` names (as :func:`format_ranks` writes it); -1 for "*" or none."""
+    highest = -1
+    for part in key.split(","):
+        first, _, last = part.partition("-")
+        if first.isdigit() and (last or first).isdigit():
+            highest = max(highest, int(last or first))
+    return highest
+
+
 def restore_for(restore: Mapping[str, str], rank: int) -> str | None:
     """The restore annotation a recovery plan gives ``rank`` (None: not named)."""
     exact = restore.get(str(rank))

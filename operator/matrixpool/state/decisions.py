@@ -108,6 +108,11 @@ class RecoveryPlan:
         """The ``matrixpool.dev/restore`` value rank ``rank`` gets, or None."""
         return trainingjob.restore_for(self.status.restore, rank)
 
+    @property
+    def world_size(self) -> int:
+        """The ranks (pods) the recovery brings back: every rank its restore values name."""
+        return max((trainingjob.highest_rank(key) + 1 for key in self.status.restore), default=0)
+
     def with_pinned(self, pinned: list[str]) -> RecoveryPlan:
         return RecoveryPlan(self.status.model_copy(update={"pinned": pinned}))
 

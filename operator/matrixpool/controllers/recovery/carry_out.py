@@ -86,11 +86,18 @@ async def carry_out(
         return
     assert isinstance(workload.model, trainingjob.TrainingJob)
     ranks = {p.rank: p for p in facts if not p.deleting}
-    done = len(ranks) >= read_model.replicas_now(world, workload) and all(
-        p.phase == "Running"
-        and _recovery_id(p.restore) == recovery_id
-        and (str(p.rank) not in targets or p.node == targets[str(p.rank)])
-        for p in ranks.values()
+    # A gang with no pod has not recovered, whatever the allowance says now: its new pods,
+    # pinned and told what to restore while the recovery is under way, are still to come.
+    wanted = read_model.replicas_now(world, workload)
+    done = (
+        wanted > 0
+        and len(ranks) >= wanted
+        and all(
+            p.phase == "Running"
+            and _recovery_id(p.restore) == recovery_id
+            and (str(p.rank) not in targets or p.node == targets[str(p.rank)])
+            for p in ranks.values()
+        )
     )
     if done:
         await finish(workload, recovery, world, state, act)

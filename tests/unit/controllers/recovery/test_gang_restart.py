@@ -11,6 +11,7 @@ import datetime
 
 import pytest
 
+from matrixpool.controllers import timeshare
 from matrixpool.controllers.recovery import carry_out, decide
 from matrixpool.controllers.recovery import memory as recovery_memory
 from matrixpool.k8s import daemonclient
@@ -126,3 +127,44 @@ def test_a_restore_names_rank_0s_holder_alone_once_the_holders_are_many() -> Non
     assert shared == [("n0", "e0")]
     assert decide.restore_sources(plan, 5, None, endpoints, shared) == ["e5", "e0"]
     assert decide.restore_sources(plan, 0, "n1", endpoints, shared) == ["e0"]
+
+
+QUIET_ALL_DAY = {  # a time-shared SuperNode whose one window gives training every card
+    "timezone": "UTC",
+    "windows": [{"name": "quiet", "start": "00:00", "end": "00:00", "inferenceCards": 0}],
+    "checkpointGraceSeconds": 30,
+}
+
+
+def test_a_gang_restart_on_a_time_shared_supernode_keeps_its_size_until_its_new_pods_run() -> None:
+    """A gang restart deletes every pod; while they terminate, time-sharing saw a job of 0
+    live replicas (allowance 0, "Suspended") and the recovery, needing 0 ranks, was recorded
+    done at once: the new pods came without their restore annotation and trained from step 0
+    (the sim's e2e run of examples/pytorch-ddp.yaml)."""
+    job = worlds.job("ddp", 3, recovery={"restart": "Gang"})
+    plan, view = spare_swap(job)
+    plan = dataclasses.replace(plan, targets={}, level=policy.Level.IN_PLACE)
+    record = decide.plan_record(job, plan, view, daemonclient.Inventory(), T0)
+    terminating = worlds.running("ddp", 3, deleting=True)
+    world = worlds.fixed_world(worlds.index(*terminating), [job], time_sharing=QUIET_ALL_DAY)
+    world.decisions.plan_recovery(job.uid, record)
+    act = Recorder()
+    shares = asyncio.run(timeshare.share(world, timeshare.Memory(), act))
+    assert shares.training[job.key] == 3, "its pods are replaced, not released"
+    assert job.key not in shares.phases
+    world.shares.training.update(shares.training)
+    nodes = {n.name: n for n in world.nodes}
+    state = recovery_memory.State()
+    for facts in (terminating, []):  # the old pods going, then gone: the new ones to come
+        asyncio.run(carry_out.carry_out(job, record, facts, nodes, frozenset(), world, state, act))
+        assert not act.status_of("ddp", "recoveries"), "recorded before any rank ran again"
+    world.shares.training[job.key] = 0  # even an allowance of 0 does not end it
+    asyncio.run(carry_out.carry_out(job, record, [], nodes, frozenset(), world, state, act))
+    assert not act.status_of("ddp", "recoveries")
+
+    mine = {"restore": record.restore_for(0) or ""}
+    again = worlds.running("ddp", 3, **mine)
+    world.shares.training[job.key] = 3
+    asyncio.run(carry_out.carry_out(job, record, again, nodes, frozenset(), world, state, act))
+    [entries] = act.status_of("ddp", "recoveries")
+    assert [e["level"] for e in entries] == ["InPlace"]
