@@ -24,9 +24,10 @@ from tests import ci
 from tests.e2e.test_chart import apply_supernodes, pid_of, placed, status
 from tests.integration import framework
 from tests.integration.chart import REPO, Installed
+from tests.trainlogs import DIGEST, Losses, first_difference, losses, merged
 
 RANKS = 3
-DIGEST = re.compile(r'"digest": "([0-9a-f]{64})"')
+RESTORED = re.compile(r'"restored": (\d+)')
 KNOBS = {"STEPS": "120", "STEP_SECONDS": "0.2"}
 
 
@@ -41,10 +42,11 @@ def shipped(example: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return config_map, job
 
 
-def fault_free_digest(
+def fault_free(
     config_map: dict[str, Any], job: dict[str, Any], folder: Path, torchrun: Path
-) -> str:
-    """The same script by ``torchrun --standalone --nproc-per-node=3`` here, nothing saved."""
+) -> tuple[str, Losses]:
+    """The same script by ``torchrun --standalone --nproc-per-node=3`` here, nothing saved: its
+    digest and its losses."""
     [(name, text)] = config_map["data"].items()
     script = folder / name
     script.write_text(text)
@@ -61,15 +63,20 @@ def fault_free_digest(
     assert done.returncode == 0, done.stderr[-3000:]
     # torchrun's workers share its stdout: lines may run into each other.
     [digest] = set(DIGEST.findall(done.stdout))
-    return str(digest)
+    return str(digest), losses(done.stdout)
+
+
+def log_of(installed: Installed, pod: Any) -> str:
+    """What a rank's pod printed, every run of its container (the sim keeps it per node,
+    namespace, pod)."""
+    meta = pod.metadata
+    name = f"{pod.spec.node_name}.{meta.namespace}.{meta.name}.log"
+    return (installed.sim.folder / "trainers" / name).read_text(errors="replace")
 
 
 def last_line(installed: Installed, pod: Any) -> dict[str, Any]:
-    """The last JSON line a rank's pod printed (the sim keeps it per node, namespace, pod)."""
-    meta = pod.metadata
-    name = f"{pod.spec.node_name}.{meta.namespace}.{meta.name}.log"
-    log = installed.sim.folder / "trainers" / name
-    lines = [json.loads(x) for x in log.read_text(errors="replace").splitlines() if x[:1] == "{"]
+    """The last JSON line a rank's pod printed."""
+    lines = [json.loads(x) for x in log_of(installed, pod).splitlines() if x[:1] == "{"]
     return lines[-1] if lines else {}
 
 
@@ -86,7 +93,7 @@ def test_the_pytorch_example_runs_under_the_sim_through_a_crash_to_the_fault_fre
     apply_supernodes(cluster)
     for body in (config_map, job):
         cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
-    expected = fault_free_digest(config_map, job, tmp_path, torchrun)
+    expected, reference = fault_free(config_map, job, tmp_path, torchrun)
 
     def trained(past: int) -> bool:
         now = status(cluster, namespace, name)
@@ -109,7 +116,18 @@ def test_the_pytorch_example_runs_under_the_sim_through_a_crash_to_the_fault_fre
     assert 1 in entry["ranks"], entry
     assert entry["restoredStep"] >= 10, entry
     pods = placed(cluster, namespace, name)
+    printed = merged(*(losses(log_of(installed, pod)) for pod in pods.values()))
     for rank, pod in sorted(pods.items()):
+        # Every rank loaded the step the recovery chose (a gang that trained again from step
+        # 0 would end with the fault-free parameters too, and show nothing of the restore).
+        restored = RESTORED.findall(log_of(installed, pod))
+        assert restored == [str(entry["restoredStep"])], (rank, restored, entry)
         line = last_line(installed, pod)
         assert line.get("finished") is True, (rank, line)
-        assert line["digest"] == expected, (rank, line, expected)
+        assert line["digest"] == expected, (
+            rank,
+            line,
+            expected,
+            entry,
+            first_difference(printed, reference),
+        )

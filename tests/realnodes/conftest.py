@@ -159,13 +159,14 @@ def last_line(cluster: framework.TestCluster, ns: str, pod: str) -> dict[str, An
 
 
 class EndedPods:
-    """Keeps the last log lines of every pod of ``namespace`` whose container ended, read while
-    the test runs (a recovery deletes a failed pod, and its log with it); printed on request.
-    Polls every 2 s for at most ``limit`` seconds."""
+    """Keeps the log of every pod of ``namespace`` whose container ended, read while the test
+    runs (a recovery deletes a failed pod, and its log with it): the last lines printed when
+    the block fails, the whole in ``logs``. Polls every 2 s for at most ``limit`` seconds."""
 
     def __init__(self, cluster: framework.TestCluster, ns: str, limit: float = 900) -> None:
         self.cluster, self.namespace, self.limit = cluster, ns, limit
         self.seen: dict[str, str] = {}  # pod UID -> "name on node: exit code + log tail"
+        self.logs: dict[str, str] = {}  # pod UID -> its whole log
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -193,13 +194,13 @@ class EndedPods:
                 ended = [s["state"]["terminated"] for s in statuses if "terminated" in s["state"]]
                 if uid in self.seen or not ended:
                     continue
-                logs = self.cluster.kubectl(
-                    "logs", "-n", self.namespace, name, "--tail=40", check=False
-                ).stdout
+                logs = self.cluster.kubectl("logs", "-n", self.namespace, name, check=False).stdout
+                self.logs[uid] = logs
+                tail = "\n".join(logs.splitlines()[-40:])
                 where = pod["spec"].get("nodeName")
                 restore = (pod["metadata"].get("annotations") or {}).get("matrixpool.dev/restore")
                 head = f"--- {name} on {where}, exit {ended[0].get('exitCode')}, restore {restore}"
-                self.seen[uid] = f"{head}\n{logs}"
+                self.seen[uid] = f"{head}\n{tail}"
 
 
 class Watched:
