@@ -44,6 +44,12 @@ def main() -> None:
         torch.nn.Linear(width, width), torch.nn.Tanh(), torch.nn.Linear(width, width)
     )
     model = DistributedDataParallel(layers)
+    # DDP lays its gradient buckets out again after its first backward pass; a run restarted
+    # from a checkpoint would sum the gradients of its first step in another order than a
+    # run that never stopped (equal to rounding, not bitwise). One pass on zeros, the same
+    # in every run, settles the layout first: every step of every run sums alike.
+    model(torch.zeros(1, width)).sum().backward()
+    model.zero_grad(set_to_none=True)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
 
     step = 0
