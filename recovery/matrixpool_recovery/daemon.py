@@ -62,6 +62,7 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import mmap
 import os
 import re
@@ -96,6 +97,8 @@ from matrixpool_recovery.spec import LOCAL, MEMORY, PEERS, PERSISTENT, TIERS
 
 log = logging.getLogger("matrixpool_recovery.daemon")
 MAX_JSON = 1 << 20  # bytes of a JSON request body
+MAX_PEER_REPLICAS = 64  # tier-1 copies a save may ask for (the CRD allows far fewer)
+MAX_SHARD_BYTES = 1 << 50  # a reservation's size, before the memory bound refuses it
 RECEIVE_PIECE = 4 << 20  # bytes per read when a shard arrives
 MAX_WAIT = 60.0  # seconds a status request may wait
 LINGER_SECONDS = 5.0  # seconds to wait for the rest of a refused upload
@@ -142,9 +145,11 @@ class SaveOptions:
             raise ValueError(f"tiers {tiers} not among {TIERS}")
         base = get("base")
         return cls(
-            world_size=names.number(str(get("worldSize")), "world size", names.MAX_RANK),
+            world_size=_world_size(get("worldSize")),
             tiers=tiers,
-            peer_replicas=int(get("peerReplicas") or 0),
+            peer_replicas=names.number(
+                str(get("peerReplicas") or 0), "peerReplicas", MAX_PEER_REPLICAS
+            ),
             persistent_uri=get("persistentUri") or None,
             committed=committed_step(get("committed")),
             origin=str(get("origin") or origin),
@@ -159,6 +164,26 @@ class SaveOptions:
         return manifest.ShardRecord(
             rank, size, checksum, self.origin, buffer, self.incarnation, self.base
         )
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number of JSON")
+
+
+def _finite(text: str) -> float:
+    """A JSON number with a fraction or an exponent, refused when it overflows (1e400)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return value
+
+
+def _world_size(value: Any) -> int:
+    """A job's world size from a header or a JSON body: 1..MAX_RANK + 1 ranks."""
+    size = names.number(str(value), "worldSize", names.MAX_RANK + 1)
+    if size < 1:
+        raise errors.InvalidNameError("invalid worldSize 0: a job has at least one rank")
+    return size
 
 
 def _incarnation(value: Any) -> int:
@@ -238,9 +263,10 @@ class Daemon:
         needed = "the operator token"
         if scope is not None:
             needed = f"the {scope[0]} token of {scope[1]} or {needed}"
-        if not header:
+        scheme, _, given = (header or "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not given.strip():
             raise errors.AuthError(f"needs Authorization: Bearer TOKEN ({needed})", 401)
-        given = header.removeprefix("Bearer ").strip()
+        given = given.strip()
         if credentials.matches(given, self.operator):
             return
         if scope is not None and credentials.matches(
@@ -755,7 +781,8 @@ class Handler(BaseHTTPRequestHandler):
                     committed_step(body.get("committed"), step),
                     _incarnation(body.get("committedIncarnation")),
                 )
-                buffer = daemon.memory.reserve(job, rank, step, int(body["size"]))
+                size = names.number(body.get("size"), "size", MAX_SHARD_BYTES)
+                buffer = daemon.memory.reserve(job, rank, step, size)
                 where = str(daemon.memory.path(buffer.id))
                 live = daemon.memory.owned(job, rank)
                 self._json({"buffer": buffer.id, "path": where, "size": buffer.size, "live": live})
@@ -764,7 +791,10 @@ class Handler(BaseHTTPRequestHandler):
                 options = SaveOptions.parse(body.get, daemon.node)
                 daemon.admit(step, options)
                 record = options.record(
-                    rank, int(body["size"]), str(body["checksum"]), str(body["buffer"])
+                    rank,
+                    names.number(body.get("size"), "size", MAX_SHARD_BYTES),
+                    str(body["checksum"]),
+                    str(body["buffer"]),
                 )
                 self._json(daemon.stored(job, rank, step, record, options))
             case "PUT", "shard":
@@ -840,7 +870,12 @@ class Handler(BaseHTTPRequestHandler):
         if not 0 < length <= MAX_JSON:
             raise ValueError(f"a JSON body of 1..{MAX_JSON} bytes is needed")
         self.body_read = True
-        body = json.loads(self.rfile.read(length))
+        try:
+            body = json.loads(
+                self.rfile.read(length), parse_constant=_no_constant, parse_float=_finite
+            )
+        except RecursionError:
+            raise ValueError("the JSON body is nested too deeply") from None
         if not isinstance(body, dict):
             raise ValueError("the JSON body must be an object")
         return body

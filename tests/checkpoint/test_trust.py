@@ -384,3 +384,73 @@ def test_a_persistent_holding_in_an_inventory_does_not_break_latest(cluster: Clu
         assert client.latest() == STEP
         assert client.committed()["memory"] == STEP
         assert client.restore().step == STEP
+
+
+# --- hostile bodies and headers (issue 31, finding 8) -------------------------------------------
+
+
+def raw(cluster: Cluster, method: str, path: str, body: bytes, **headers: str) -> tuple[int, str]:
+    """One request to daemon a with `body` as given; the status and the answer's text."""
+    host, port = wire.Endpoint(cluster.address("a"), "").host_port
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    try:
+        conn.request(method, path, body=body, headers=headers)
+        answer = conn.getresponse()
+        return answer.status, answer.read().decode(errors="replace")
+    finally:
+        conn.close()
+
+
+COMMIT = {"buffer": "x", "size": 64, "checksum": "xxh3_64:00", "worldSize": 1}
+NESTED = b'{"size": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+
+
+@pytest.mark.parametrize(
+    ("action", "body", "named"),
+    [
+        pytest.param("reserve", b'{"size": 1.5}', "size", id="a fractional size"),
+        pytest.param("reserve", b'{"size": -64}', "size", id="a negative size"),
+        pytest.param("reserve", b'{"size": 1e400}', "out of range", id="a number past a float"),
+        pytest.param("reserve", b'{"size": NaN}', "NaN", id="NaN"),
+        pytest.param("reserve", NESTED, "nested too deeply", id="nesting 100000 deep"),
+        pytest.param(
+            "commit", json.dumps(COMMIT | {"worldSize": 0}).encode(), "worldSize", id="0 ranks"
+        ),
+        pytest.param(
+            "commit",
+            json.dumps(COMMIT | {"peerReplicas": -1}).encode(),
+            "peerReplicas",
+            id="-1 peer copies",
+        ),
+        pytest.param(
+            "commit", json.dumps(COMMIT | {"size": 2.5}).encode(), "size", id="a fractional size"
+        ),
+    ],
+)
+def test_a_malformed_body_is_a_400_naming_the_field_and_changes_nothing(
+    theirs: Cluster, action: str, body: bytes, named: str
+) -> None:
+    token = job_token(THEIRS)
+    path = wire.shard_path(THEIRS, 0, STEP + 1, action)
+    status, answer = raw(theirs, "POST", path, body, Authorization=f"Bearer {token}")
+
+    assert status == 400, answer
+    assert named in json.loads(answer)["error"], answer
+    assert held(theirs, THEIRS) == {(0, STEP, "memory"), (0, STEP, "local")}
+    assert call(theirs, "GET", "/v1/healthz", None)[0] == 200
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        pytest.param(OPERATOR, id="the operator token without a scheme"),
+        pytest.param(f"Basic {OPERATOR}", id="another scheme"),
+        pytest.param("Bearer ", id="a scheme without a token"),
+    ],
+)
+def test_an_authorization_header_must_be_a_bearer_token(theirs: Cluster, header: str) -> None:
+    status, answer = raw(theirs, "GET", "/v1/inventory", b"", Authorization=header)
+
+    assert status == 401, answer
+    assert "Bearer TOKEN" in json.loads(answer)["error"]
+    assert raw(theirs, "GET", "/v1/inventory", b"", Authorization=f"bearer {OPERATOR}")[0] == 200
