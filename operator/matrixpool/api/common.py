@@ -102,6 +102,54 @@ DEFAULT_EMPTY_OBJECT: JsonDict = {"default": {}}
 # An opaque object kept as-is by the API server (pod templates).
 PRESERVE_UNKNOWN: JsonDict = {"x-kubernetes-preserve-unknown-fields": True}
 
+OURS = "matrixpool.dev/"  # the prefix of the operator's own labels and annotations
+MAX_TEMPLATE_KEYS = 256  # labels, and annotations, of a pod template
+
+
+def _keys_not_ours(field: str) -> JsonDict:
+    """The schema of a template's labels or annotations: strings, and none under the operator's
+    own prefixes (``matrixpool.dev/``, ``<anything>.matrixpool.dev/``), which it writes itself
+    and reads back: a template must not forge them."""
+    owned = f"k.startsWith('{OURS}') || k.contains('.{OURS}')"
+    return {
+        "type": "object",
+        "maxProperties": MAX_TEMPLATE_KEYS,
+        "additionalProperties": {"type": "string"},
+        "x-kubernetes-validations": [
+            {
+                "rule": f"!self.exists(k, {owned})",
+                "message": f"{field}: keys under {OURS} are the operator's, not a template's",
+                "messageExpression": (
+                    f"'{field}: ' + self.filter(k, {owned})[0]"
+                    " + ' is a key the operator writes: a template must not set it'"
+                ),
+            }
+        ],
+    }
+
+
+def pod_template(field: str, restart_policies: tuple[str, ...] = ()) -> JsonDict:
+    """``json_schema_extra`` of a PodTemplateSpec field named ``field`` (``spec.template``): kept
+    as written, but its metadata's labels and annotations checked (:func:`_keys_not_ours`) and,
+    with ``restart_policies``, its ``spec.restartPolicy`` one of them."""
+    properties: JsonDict = {
+        "metadata": {
+            "type": "object",
+            "x-kubernetes-preserve-unknown-fields": True,
+            "properties": {
+                "labels": _keys_not_ours(f"{field}.metadata.labels"),
+                "annotations": _keys_not_ours(f"{field}.metadata.annotations"),
+            },
+        }
+    }
+    if restart_policies:
+        properties["spec"] = {
+            "type": "object",
+            "x-kubernetes-preserve-unknown-fields": True,
+            "properties": {"restartPolicy": {"type": "string", "enum": list(restart_policies)}},
+        }
+    return {"x-kubernetes-preserve-unknown-fields": True, "properties": properties}
+
 
 # --- label selectors -------------------------------------------------------------------------
 class SelectorOperator(StrEnum):

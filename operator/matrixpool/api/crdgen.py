@@ -102,7 +102,8 @@ def _convert_value(key: str, value: Any, defs: Mapping[str, Any]) -> Any:
     if key == "properties":
         return {name: _convert(sub, defs) for name, sub in value.items()}
     if key == "x-kubernetes-validations":
-        return [{k: r[k] for k in ("rule", "message", "fieldPath") if k in r} for r in value]
+        keys = ("rule", "message", "messageExpression", "fieldPath")
+        return [{k: r[k] for k in keys if k in r} for r in value]
     return value
 
 

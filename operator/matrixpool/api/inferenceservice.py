@@ -68,7 +68,7 @@ class Role(common.ApiModel):
     expert_parallel: ExpertParallel | None = None
     """Expert parallelism; experts + redundantExperts = podsPerReplica * cardsPerPod."""
     template: dict[str, Any] = Field(
-        default_factory=dict, json_schema_extra=common.PRESERVE_UNKNOWN
+        default_factory=dict, json_schema_extra=common.pod_template("spec.roles[].template")
     )
     """PodTemplateSpec of every pod; the operator adds cards, env and annotations."""
 

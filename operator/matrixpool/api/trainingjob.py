@@ -208,9 +208,11 @@ class TrainingJobSpec(common.ApiModel):
     )
     """Time windows of the SuperNode the job may run in; empty: any time."""
     template: dict[str, Any] = Field(
-        default_factory=dict, json_schema_extra=common.PRESERVE_UNKNOWN
+        default_factory=dict, json_schema_extra=common.pod_template("spec.template", ("Never",))
     )
-    """PodTemplateSpec of every rank; the operator adds cards, env and annotations."""
+    """PodTemplateSpec of every rank; the operator adds cards, env and annotations. Its
+    restartPolicy is Never (the default): a failed rank is the operator's to recover, in a new
+    pod and a new run, never a container the kubelet restarts in its old one."""
     checkpoint: Checkpoint = Field(default_factory=Checkpoint)
     """Checkpoint tiers."""
     rendezvous: Rendezvous = Field(

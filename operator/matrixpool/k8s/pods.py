@@ -50,6 +50,7 @@ MEMORY_PATH_VARIABLE = "MATRIXPOOL_CKPT_MEMORY_PATH"  # the chart's checkpointDa
 PERSISTENT_PATH_VARIABLE = "MATRIXPOOL_CKPT_PERSISTENT_PATH"  # its persistentPath (tier 3)
 CLUSTER_DOMAIN_VARIABLE = "MATRIXPOOL_CLUSTER_DOMAIN"  # the chart's clusterDomain
 Outcome = BaseException | None  # per pod: None when the call did what it was asked
+OURS_DOMAIN = "matrixpool.dev"  # labels and annotations under it are the operator's
 
 
 class BoundElsewhereError(Exception):
@@ -184,6 +185,9 @@ def manifest(
     meta.pop("name", None)
     meta.pop("namespace", None)
     meta.update(name=plan.name, namespace=plan.namespace)
+    for keys in ("labels", "annotations"):  # ours are the operator's to write, never a template's
+        if isinstance(meta.get(keys), Mapping):
+            meta[keys] = {k: v for k, v in meta[keys].items() if not is_ours(k)}
     meta.setdefault("labels", {}).update(
         {
             labels.JOB: plan.owner,
@@ -204,7 +208,9 @@ def manifest(
     if plan.kind == TRAINING_JOB:
         if training is None:
             raise ValueError(f"pod {plan.name}: a TrainingJob's pod needs its training contract")
-        spec.setdefault("restartPolicy", "Never")  # a failed rank is the operator's to recover
+        # A failed rank is the operator's to recover, as a new pod and a new run: a container
+        # the kubelet restarted (Always, OnFailure) would go on in its old run's incarnation.
+        spec["restartPolicy"] = "Never"
         meta["labels"][labels.JOB_UID] = training.job_uid
         meta.setdefault("annotations", {})[labels.INCARNATION] = str(training.incarnation)
         _give_training_contract(spec, containers[0], training)
@@ -213,6 +219,13 @@ def manifest(
     else:
         _give_serving_contract(spec, containers[0], plan.role, serving)
     return {"apiVersion": "v1", "kind": "Pod", **pod}
+
+
+def is_ours(key: str) -> bool:
+    """Whether a label or annotation key is under the operator's own prefixes
+    (``matrixpool.dev/``, ``<anything>.matrixpool.dev/``; the CRDs refuse them in templates)."""
+    prefix, slash, _ = key.rpartition("/")
+    return bool(slash) and (prefix == OURS_DOMAIN or prefix.endswith("." + OURS_DOMAIN))
 
 
 def _give_serving_contract(

@@ -197,15 +197,20 @@ def test_supernode_schema_carries_the_documented_bounds() -> None:
     assert spec["properties"]["spares"]["default"] == {}
 
 
-def test_training_schema_leaves_min_replicas_optional_and_templates_opaque() -> None:
+def test_training_schema_leaves_min_replicas_optional_and_templates_as_written() -> None:
     spec = schema_of(resource_of("TrainingJob"))["properties"]["spec"]
     assert spec["required"] == ["replicas", "cardsPerReplica"]
     assert "default" not in spec["properties"]["minReplicas"]
-    assert spec["properties"]["template"] == {
-        "description": spec["properties"]["template"]["description"],
-        "type": "object",
-        "x-kubernetes-preserve-unknown-fields": True,
-    }
+    template = spec["properties"]["template"]
+    assert template["x-kubernetes-preserve-unknown-fields"] is True  # kept as the user wrote it
+    metadata = template["properties"]["metadata"]
+    assert metadata["x-kubernetes-preserve-unknown-fields"] is True
+    for keys in ("labels", "annotations"):  # but never the operator's own keys
+        [rule] = metadata["properties"][keys]["x-kubernetes-validations"]
+        assert "matrixpool.dev/" in rule["rule"]
+        assert rule["message"].startswith(f"spec.template.metadata.{keys}: ")
+    pod_spec = template["properties"]["spec"]
+    assert pod_spec["properties"] == {"restartPolicy": {"type": "string", "enum": ["Never"]}}
     levels = spec["properties"]["recovery"]["properties"]["levels"]
     assert levels["default"] == ["InPlace", "SpareSwap", "Reschedule"]
     assert levels["x-kubernetes-list-type"] == "set"

@@ -113,8 +113,7 @@ def test_the_users_env_and_volumes_stay_and_ours_replace_theirs() -> None:
     assert isinstance(env["MATRIXPOOL_RANK"], dict)  # the label, not the template's 9
     assert [e["name"] for e in pod["spec"]["containers"][0]["env"]].count("MATRIXPOOL_RANK") == 1
     assert "data" in {v["name"] for v in pod["spec"]["volumes"]}
-    assert pod["spec"]["restartPolicy"] == "OnFailure"  # the user's choice is kept
-    assert training_pod()["spec"]["restartPolicy"] == "Never"  # else the operator recovers
+    assert pod["spec"]["restartPolicy"] == "Never"  # a failed rank is the operator's to recover
 
 
 def test_a_training_pod_without_its_contract_is_refused() -> None:
@@ -199,3 +198,46 @@ def test_an_inference_pod_is_told_its_role_and_its_own_address() -> None:
     assert env["MATRIXPOOL_ROLE"] == "decode"
     assert env["MATRIXPOOL_POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert "MATRIXPOOL_JOB" not in env
+
+
+def test_a_template_cannot_forge_the_operators_labels_annotations_or_restart_policy() -> None:
+    """Issue 31, findings 3 and 5: the CRDs refuse these keys; a template that got them through
+    (an object stored before the rule) still never puts them on a pod, and a restarted
+    container never goes on in its old run."""
+    template = {
+        "metadata": {
+            "labels": {labels.JOB_UID: "theirs", labels.RANK: "0", "team": "a"},
+            "annotations": {
+                labels.CARDS: "0,1,2,3,4,5,6,7",
+                labels.RESTORE: '{"step": 1}',
+                "deviceplugin.matrixpool.dev/allocated-cards": "0",
+                "example.com/matrixpool.dev": "kept",
+            },
+        },
+        "spec": {"restartPolicy": "OnFailure", "containers": [{"name": "t", "image": "x"}]},
+    }
+    pod = training_pod(template)
+    meta = pod["metadata"]
+    assert meta["labels"][labels.JOB_UID] == "u-1"
+    assert meta["labels"][labels.RANK] == "2"
+    assert meta["labels"]["team"] == "a"
+    assert meta["annotations"] == {
+        labels.INCARNATION: str(CONTRACT.incarnation),
+        "example.com/matrixpool.dev": "kept",
+    }
+    assert pod["spec"]["restartPolicy"] == "Never"
+
+
+@pytest.mark.parametrize(
+    ("key", "ours"),
+    [
+        ("matrixpool.dev/cards", True),
+        ("deviceplugin.matrixpool.dev/allocated-cards", True),
+        ("matrixpool.dev", False),
+        ("example.com/matrixpool.dev", False),
+        ("notmatrixpool.dev/x", False),
+        ("team", False),
+    ],
+)
+def test_the_operators_keys_are_those_under_its_domain(key: str, ours: bool) -> None:
+    assert pods.is_ours(key) is ours
