@@ -48,9 +48,16 @@ HTTP API (JSON unless noted; every call but healthz and metrics needs
     GET    usage                       operator         every service's usage, the capacity
 
 Bounds: each connection has a read timeout (``--read-timeout``, 30 s: a request or upload that
-sends nothing for that long is dropped, and an upload's buffer goes back to the pool), and at
-most ``--max-requests`` (64) are served at once; a connection beyond that is answered 503 at
-once and closed, without a thread. Tier 2 and 3 report ``ok`` only once the written file was
+sends nothing for that long is dropped, and an upload's buffer goes back to the pool) and
+deadlines for the whole: its request line and headers within ``--header-timeout`` (10 s),
+then its body and its answer within that again plus their bytes at ``--min-body-rate`` (1 MiB/s):
+a client that trickles is cut off there, whatever its pace, and an upload's buffer goes back.
+At most ``--max-requests`` (64) connections are served at once, at most
+``--max-requests-per-client`` (half of them) from one address; a connection beyond that is
+answered 503 at once and closed, without a thread, unless it may be a health check: a few
+more (``HEALTH_SLOTS``, one per address) are read within ``HEALTH_TIMEOUT`` (2 s) and answer
+``GET /v1/healthz`` alone, so that the kubelet's probe passes while clients hold every slot.
+Tier 2 and 3 report ``ok`` only once the written file was
 read back and matched the shard's checksum. A KV block is at most ``MAX_KV_BLOCK`` (64 MiB) and
 is refused (413) before its body is read when it could never fit the service's quota; the
 pool's bytes come out of ``--memory-bytes`` (the container's limit), not on top of it.
@@ -105,6 +112,10 @@ LINGER_SECONDS = 5.0  # seconds to wait for the rest of a refused upload
 STATUSES_KEPT = 4096  # save statuses remembered
 READ_TIMEOUT = 30.0  # seconds a connection may send nothing before it is dropped
 MAX_REQUESTS = 64  # connections served at once; more are answered 503
+HEADER_TIMEOUT = 10.0  # seconds a request line and its headers may take in all
+MIN_BODY_RATE = 1 << 20  # bytes a second a request or an answer body may not fall below
+HEALTH_SLOTS = 4  # connections served beside the others, health checks only, one per client
+HEALTH_TIMEOUT = 2.0  # seconds such a connection may take in all
 MAX_KV_BLOCK = 64 << 20  # bytes of one KV block upload
 MAX_KV_QUOTA = 1 << 50  # bytes a KV quota may name
 NO_KV_POOL = "this daemon has no KV pool (started with --kv-pool-bytes 0)"
@@ -663,6 +674,29 @@ class Handler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         super().setup()
         self.connection.settimeout(self.server.read_timeout)  # every read and write
+        deadline = time.monotonic() + self.server.header_timeout  # the request line, headers
+        self.watch = self.server.watchdog.arm(self.connection, deadline)
+
+    def parse_request(self) -> bool:
+        """The request line and headers read in time: the body has its own deadline."""
+        if not super().parse_request():
+            return False
+        length = self.headers.get("Content-Length", "0") or "0"
+        self.allow(int(length) if length.isascii() and length.isdigit() else 0)
+        return True
+
+    def allow(self, nbytes: int, waiting: float = 0.0) -> None:
+        """Give the connection time for `nbytes` more at the slowest pace it may keep, and for
+        `waiting` seconds the daemon itself takes (a status request's wait)."""
+        server = self.server
+        spare = server.header_timeout + waiting
+        server.watchdog.extend(self.watch, time.monotonic() + spare + nbytes / server.min_body_rate)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.server.watchdog.disarm(self.watch)
 
     def do_GET(self) -> None:
         self._dispatch("GET")
@@ -767,6 +801,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(block.size))
         self.send_header(wire.HEADER + "Tokens", str(block.tokens))
         self.end_headers()
+        self.allow(len(block.data))
         self.wfile.write(block.data)
 
     def _shard(
@@ -781,7 +816,7 @@ class Handler(BaseHTTPRequestHandler):
                     committed_step(body.get("committed"), step),
                     _incarnation(body.get("committedIncarnation")),
                 )
-                size = names.number(body.get("size"), "size", MAX_SHARD_BYTES)
+                size = names.number(body.get("size", ""), "size", MAX_SHARD_BYTES)
                 buffer = daemon.memory.reserve(job, rank, step, size)
                 where = str(daemon.memory.path(buffer.id))
                 live = daemon.memory.owned(job, rank)
@@ -792,7 +827,7 @@ class Handler(BaseHTTPRequestHandler):
                 daemon.admit(step, options)
                 record = options.record(
                     rank,
-                    names.number(body.get("size"), "size", MAX_SHARD_BYTES),
+                    names.number(body.get("size", ""), "size", MAX_SHARD_BYTES),
                     str(body["checksum"]),
                     str(body["buffer"]),
                 )
@@ -809,7 +844,10 @@ class Handler(BaseHTTPRequestHandler):
                 metrics.observe(MEMORY, metrics.RESTORE, record.size, seconds)
                 self._json({"path": str(path), **record.to_json()})
             case "GET", "status":
-                wait = float(query.get("wait", "0"))
+                wait = min(float(query.get("wait", "0")), MAX_WAIT)
+                if not 0 <= wait <= MAX_WAIT:  # NaN
+                    raise ValueError(f"wait={query.get('wait')!r}: 0..{MAX_WAIT} seconds")
+                self.allow(0, wait)  # a status request may wait that long for its answer
                 self._json(daemon.status(job, rank, step, wait))
             case _:
                 raise errors.NotFoundError(f"no route {method} {self.path}", 404)
@@ -851,6 +889,7 @@ class Handler(BaseHTTPRequestHandler):
                 self.send_header(wire.HEADER + "Origin", record.origin)
                 self.end_headers()
                 self.wfile.flush()
+                self.allow(size)
                 self.connection.sendfile(file, 0, size)
             metrics.observe(tier, metrics.SERVE, size, time.perf_counter() - started)
         except (BrokenPipeError, ConnectionResetError) as err:
@@ -921,8 +960,81 @@ class Handler(BaseHTTPRequestHandler):
                 return
 
 
+class HealthHandler(Handler):
+    """A connection beyond the slots: answers ``GET /v1/healthz``, and 503 to anything else,
+    cut off after ``HEALTH_TIMEOUT`` (a probe sends its few bytes at once)."""
+
+    def setup(self) -> None:
+        super().setup()
+        deadline = time.monotonic() + min(self.server.header_timeout, HEALTH_TIMEOUT)
+        self.server.watchdog.shorten(self.watch, deadline)
+
+    def allow(self, nbytes: int, waiting: float = 0.0) -> None:
+        """No more time than the header deadline: the answer is a few bytes."""
+
+    def _dispatch(self, method: str) -> None:
+        self.body_read = False
+        if method == "GET" and urlsplit(self.path).path == "/v1/healthz":
+            self._json({"ok": True, "node": self.server.daemon.node})
+            return
+        self._fail(errors.DaemonError("too many requests in flight", 503))
+
+
+class Watchdog:
+    """Cuts connections off at their deadlines (shut down: the handler's blocked read or write
+    ends, its slot and any buffer it reserved go back). One thread for every connection."""
+
+    def __init__(self) -> None:
+        self._due: dict[int, tuple[float, socket.socket]] = {}  # watch -> deadline, connection
+        self._next = 0
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def arm(self, connection: socket.socket, deadline: float) -> int:
+        with self._cond:
+            self._next += 1
+            self._due[self._next] = (deadline, connection)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="deadlines", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+            return self._next
+
+    def extend(self, watch: int, deadline: float) -> None:
+        with self._cond:
+            if watch in self._due:
+                self._due[watch] = (max(deadline, self._due[watch][0]), self._due[watch][1])
+
+    def shorten(self, watch: int, deadline: float) -> None:
+        with self._cond:
+            if watch in self._due:
+                self._due[watch] = (min(deadline, self._due[watch][0]), self._due[watch][1])
+                self._cond.notify()
+
+    def disarm(self, watch: int) -> None:
+        with self._cond:
+            self._due.pop(watch, None)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                late = [w for w, (deadline, _) in self._due.items() if deadline <= now]
+                cut = [self._due.pop(w)[1] for w in late]
+                if not cut:
+                    soonest = min((d for d, _ in self._due.values()), default=now + 60)
+                    self._cond.wait(max(0.01, soonest - now))
+                    continue
+            for connection in cut:
+                log.warning("a connection passed its deadline: cut off")
+                with contextlib.suppress(OSError):
+                    connection.shutdown(socket.SHUT_RDWR)
+
+
 class Server(ThreadingHTTPServer):
-    """The HTTP server of a Daemon: a thread per connection, at most `max_requests` of them."""
+    """The HTTP server of a Daemon: a thread per connection, at most `max_requests` of them
+    and `per_client` from one address, and `HEALTH_SLOTS` more for health checks (module
+    docstring, Bounds)."""
 
     daemon_threads = True
     allow_reuse_address = True
@@ -934,31 +1046,71 @@ class Server(ThreadingHTTPServer):
         daemon: Daemon,
         read_timeout: float = READ_TIMEOUT,
         max_requests: int = MAX_REQUESTS,
+        *,
+        per_client: int | None = None,
+        header_timeout: float = HEADER_TIMEOUT,
+        min_body_rate: float = MIN_BODY_RATE,
     ) -> None:
         self.daemon = daemon  # what the handlers act on
         self.read_timeout = read_timeout  # seconds a connection may send nothing
-        self.slots = threading.BoundedSemaphore(max_requests)  # one per connection served
+        self.header_timeout = header_timeout  # seconds for a request line and headers
+        self.min_body_rate = min_body_rate  # bytes a second a body may not fall below
+        self.max_requests = max_requests
+        self.per_client = per_client or max(1, max_requests // 2)
+        self.watchdog = Watchdog()
+        self._lock = threading.Lock()
+        self._served: dict[str, int] = {}  # client address -> connections it holds
+        self._health: set[str] = set()  # client addresses holding a health slot
         super().__init__(address, Handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        """A thread for the connection if a slot is free; else 503 now, from this thread."""
-        if not self.slots.acquire(blocking=False):
+        """A thread for the connection if a slot is free for it (or a health slot); else 503
+        now, from this thread."""
+        client = str(client_address[0])
+        with self._lock:
+            held = sum(self._served.values())
+            mine = self._served.get(client, 0)
+            if held < self.max_requests and mine < self.per_client:
+                self._served[client] = mine + 1
+                kind = "slot"
+            elif len(self._health) < HEALTH_SLOTS and client not in self._health:
+                self._health.add(client)
+                kind = "health"
+            else:
+                kind = ""
+        if not kind:
             with contextlib.suppress(OSError):
                 request.settimeout(0)
                 request.send(BUSY_ANSWER)
             self.shutdown_request(request)
             return
+        thread = threading.Thread(
+            target=self._serve, args=(request, client_address, kind), daemon=True
+        )
         try:
-            super().process_request(request, client_address)
+            thread.start()
         except BaseException:
-            self.slots.release()
+            self._release(client, kind)
             raise
 
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
+    def _serve(self, request: Any, client_address: Any, kind: str) -> None:
         try:
-            super().process_request_thread(request, client_address)
+            handler = Handler if kind == "slot" else HealthHandler
+            handler(request, client_address, self)
+        except Exception:
+            self.handle_error(request, client_address)
         finally:
-            self.slots.release()
+            self.shutdown_request(request)
+            self._release(str(client_address[0]), kind)
+
+    def _release(self, client: str, kind: str) -> None:
+        with self._lock:
+            if kind == "health":
+                self._health.discard(client)
+            elif self._served.get(client, 0) > 1:
+                self._served[client] -= 1
+            else:
+                self._served.pop(client, None)
 
     def server_bind(self) -> None:
         self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -988,6 +1140,9 @@ PERSISTENT_ROOT = Path("/var/lib/matrixpool/persistent")  # default --persistent
 PERSISTENT_HELP = "folder every tier-3 (file://) URI must resolve inside; apart from the others"
 READ_TIMEOUT_HELP = "seconds a connection may send nothing before it is dropped"
 MAX_REQUESTS_HELP = "connections served at once; more are answered 503"
+HEADER_TIMEOUT_HELP = "seconds a request line and its headers may take in all"
+MIN_BODY_RATE_HELP = "bytes a second below which a body (request or answer) is cut off"
+PER_CLIENT_HELP = "connections served at once from one address (default: half of --max-requests)"
 LEASE_HELP = "seconds a trainer's reservation waits for its commit before it is reclaimed"
 KV_POOL_HELP = (
     "host memory this node lends to the supernode's KV-cache pool: inference services' KV "
@@ -1020,6 +1175,9 @@ def arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--keep", type=int, default=2, help="steps kept per job on each tier")
     add("--peer", action="append", default=[], help="HOST:PORT of a peer daemon (repeatable)")
     add("--read-timeout", type=float, default=READ_TIMEOUT, help=READ_TIMEOUT_HELP)
+    add("--header-timeout", type=float, default=HEADER_TIMEOUT, help=HEADER_TIMEOUT_HELP)
+    add("--min-body-rate", type=parse_bytes, default=MIN_BODY_RATE, help=MIN_BODY_RATE_HELP)
+    add("--max-requests-per-client", type=int, default=0, help=PER_CLIENT_HELP)
     add("--max-requests", type=int, default=MAX_REQUESTS, help=MAX_REQUESTS_HELP)
     add("--staging-lease", type=float, default=memory.STAGING_LEASE, help=LEASE_HELP)
     add("--kv-pool-bytes", type=parse_bytes, default=0, help=KV_POOL_HELP)
@@ -1038,8 +1196,12 @@ def arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(
             "--keep must be >= 1 and --memory-bytes above --memory-headroom plus --kv-pool-bytes"
         )
-    if args.read_timeout <= 0 or args.max_requests < 1 or args.staging_lease <= 0:
-        parser.error("--read-timeout, --max-requests and --staging-lease must be positive")
+    if min(args.read_timeout, args.header_timeout, args.min_body_rate, args.staging_lease) <= 0:
+        parser.error(
+            "--read-timeout, --header-timeout, --min-body-rate and --staging-lease must be positive"
+        )
+    if args.max_requests < 1 or args.max_requests_per_client < 0:
+        parser.error("--max-requests must be positive, --max-requests-per-client not negative")
     return args
 
 
@@ -1073,7 +1235,15 @@ def build(args: argparse.Namespace) -> Server:
     )
     host, _, port = args.listen.rpartition(":")
     address = (host.strip("[]"), int(port))
-    return Server(address, daemon, args.read_timeout, args.max_requests)
+    return Server(
+        address,
+        daemon,
+        args.read_timeout,
+        args.max_requests,
+        per_client=args.max_requests_per_client or None,
+        header_timeout=args.header_timeout,
+        min_body_rate=args.min_body_rate,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

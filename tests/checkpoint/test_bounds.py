@@ -189,3 +189,101 @@ def test_a_stalled_upload_loses_its_reservation(cluster: Cluster) -> None:
         assert response.status >= 400
 
     assert reserve(cluster, 1, 1, size)["size"] == size  # the buffer went back to the pool
+
+
+# --- hostile clients (issue 31, finding 4) -------------------------------------------------------
+
+
+def connect(cluster: Cluster, source: str) -> socket.socket:
+    """A connection to daemon a from `source` (a loopback address: one client per address)."""
+    return socket.create_connection(endpoint(cluster).host_port, DEADLINE, (source, 0))
+
+
+def cut_off_within(conn: socket.socket, limit: float, trickle: bytes = b"") -> float:
+    """Seconds until the daemon ends `conn`, while the client sends one byte of `trickle` every
+    0.5 s (well within any read timeout); fails past `limit`."""
+    started = time.monotonic()
+    conn.settimeout(0.5)
+    for byte in (trickle * 1000)[: int(limit * 2) + 2]:
+        try:
+            if conn.recv(4096) == b"":
+                return time.monotonic() - started
+        except TimeoutError:
+            pass
+        except OSError:  # reset: cut off as well
+            return time.monotonic() - started
+        try:
+            conn.send(bytes([byte]))
+        except OSError:
+            return time.monotonic() - started
+    pytest.fail(f"the daemon kept a trickling connection past {limit} s")
+
+
+def test_headers_trickled_a_byte_at_a_time_are_cut_off_at_the_header_deadline(
+    cluster: Cluster,
+) -> None:
+    cluster.start("a", (), "--header-timeout", "2", "--read-timeout", "30")
+    with connect(cluster, "127.0.0.2") as conn:
+        took = cut_off_within(conn, 15, b"GET /v1/info HTTP/1.0\r\nX-Slow: ")
+    assert 1.5 <= took < 10, took  # the header deadline, not the 30 s read timeout
+    assert healthy_within(cluster, time.monotonic() + DEADLINE)
+
+
+def test_a_trickled_upload_loses_its_reservation_at_its_deadline(cluster: Cluster) -> None:
+    """An upload of 8 MiB may take 2 s + 8 MiB at 8 MiB/s; sent at 2 bytes a second, it is cut
+    off then (not after the 30 s read timeout) and its buffer goes back to the pool."""
+    cluster.start(
+        "a", (), "--header-timeout", "2", "--min-body-rate", "8Mi", "--memory-bytes", "28Mi"
+    )  # bound 12 MiB: one 8 MiB buffer at a time
+    size = 8 << 20
+    with connect(cluster, "127.0.0.2") as conn:
+        conn.sendall(
+            f"PUT {wire.shard_path(JOB, 0, 1, 'shard')} HTTP/1.0\r\n"
+            f"Authorization: Bearer {job_token(JOB)}\r\nContent-Length: {size}\r\n"
+            f"{wire.HEADER}Checksum: xxh3_64:00\r\n{wire.HEADER}World-Size: 1\r\n\r\n".encode()
+        )
+        took = cut_off_within(conn, 20, b"\0")
+    assert took < 10, took
+    deadline = time.monotonic() + DEADLINE
+    while True:  # the buffer went back to the pool: the same size fits again
+        try:
+            assert reserve(cluster, 1, 1, size)["size"] == size
+            break
+        except errors.MemoryFullError:
+            assert time.monotonic() < deadline, "the trickled upload kept its buffer"
+            time.sleep(0.2)
+
+
+def test_one_client_holds_at_most_its_share_and_health_checks_pass_with_every_slot_held(
+    cluster: Cluster, half_sent: list[socket.socket]
+) -> None:
+    """8 slots, 4 per address: a client that opens 20 stalled connections holds 4 (and a health
+    slot for 2 s), another client is still served; with every slot held, a health check from a
+    third address passes (a slot beside the others) and any other request there is a 503."""
+    cluster.start("a", (), "--max-requests", "8", "--max-requests-per-client", "4")
+    for _ in range(20):
+        conn = connect(cluster, "127.0.0.2")
+        conn.sendall(b"PUT /v1/jobs/x/ranks/0/steps/1/shard HTTP/1.0\r\nContent-Len")
+        half_sent.append(conn)
+    time.sleep(0.5)
+
+    def ask(source: str, path: str) -> int:
+        with connect(cluster, source) as conn:
+            conn.sendall(
+                f"GET {path} HTTP/1.0\r\nAuthorization: Bearer {OPERATOR}\r\n\r\n".encode()
+            )
+            response = http.client.HTTPResponse(conn)
+            response.begin()
+            response.read()
+            return response.status
+
+    assert ask("127.0.0.3", "/v1/info") == 200  # the first client did not take every slot
+    for _ in range(4):
+        conn = connect(cluster, "127.0.0.4")
+        conn.sendall(b"PUT /v1/jobs/x/ranks/0/steps/1/shard HTTP/1.0\r\nContent-Len")
+        half_sent.append(conn)
+    time.sleep(0.5)
+    assert ask("127.0.0.5", "/v1/healthz") == 200  # every slot held: the health slot answers
+    assert ask("127.0.0.5", "/v1/info") == 503
+    time.sleep(2.5)  # the first client's fifth connection held a health slot: 2 s at most
+    assert ask("127.0.0.2", "/v1/healthz") == 200
