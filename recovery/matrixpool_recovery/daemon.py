@@ -980,57 +980,6 @@ class HealthHandler(Handler):
         self._fail(errors.DaemonError("too many requests in flight", 503))
 
 
-class Watchdog:
-    """Cuts connections off at their deadlines (shut down: the handler's blocked read or write
-    ends, its slot and any buffer it reserved go back). One thread for every connection."""
-
-    def __init__(self) -> None:
-        self._due: dict[int, tuple[float, socket.socket]] = {}  # watch -> deadline, connection
-        self._next = 0
-        self._cond = threading.Condition()
-        self._thread: threading.Thread | None = None
-
-    def arm(self, connection: socket.socket, deadline: float) -> int:
-        with self._cond:
-            self._next += 1
-            self._due[self._next] = (deadline, connection)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="deadlines", daemon=True)
-                self._thread.start()
-            self._cond.notify()
-            return self._next
-
-    def extend(self, watch: int, deadline: float) -> None:
-        with self._cond:
-            if watch in self._due:
-                self._due[watch] = (max(deadline, self._due[watch][0]), self._due[watch][1])
-
-    def shorten(self, watch: int, deadline: float) -> None:
-        with self._cond:
-            if watch in self._due:
-                self._due[watch] = (min(deadline, self._due[watch][0]), self._due[watch][1])
-                self._cond.notify()
-
-    def disarm(self, watch: int) -> None:
-        with self._cond:
-            self._due.pop(watch, None)
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                now = time.monotonic()
-                late = [w for w, (deadline, _) in self._due.items() if deadline <= now]
-                cut = [self._due.pop(w)[1] for w in late]
-                if not cut:
-                    soonest = min((d for d, _ in self._due.values()), default=now + 60)
-                    self._cond.wait(max(0.01, soonest - now))
-                    continue
-            for connection in cut:
-                log.warning("a connection passed its deadline: cut off")
-                with contextlib.suppress(OSError):
-                    connection.shutdown(socket.SHUT_RDWR)
-
-
 class Server(ThreadingHTTPServer):
     """The HTTP server of a Daemon: a thread per connection, at most `max_requests` of them
     and `per_client` from one address, and `HEALTH_SLOTS` more for health checks (module
@@ -1057,7 +1006,7 @@ class Server(ThreadingHTTPServer):
         self.min_body_rate = min_body_rate  # bytes a second a body may not fall below
         self.max_requests = max_requests
         self.per_client = per_client or max(1, max_requests // 2)
-        self.watchdog = Watchdog()
+        self.watchdog = wire.Watchdog()
         self._lock = threading.Lock()
         self._served: dict[str, int] = {}  # client address -> connections it holds
         self._health: set[str] = set()  # client addresses holding a health slot

@@ -9,9 +9,11 @@ cache (one client per engine; an adapter turns ``lookup``'s answer into the engi
 The daemons are given the local one first: a lookup asks it, then the others in order (a block
 found there is ``remote``); a put goes to the local one only. The pool is a cache: every failure
 (a daemon refused, reset, timed out or gone, a refusal, a miss) is answered None or False, and
-the caller recomputes the prefix. A daemon that did not answer is skipped for ``retry_after``
-seconds, so a lost node costs one timeout, not one per lookup. The token is the service's
-(``credentials.service_token``): it opens that service's blocks on every daemon, nothing else.
+the caller recomputes the prefix. A request takes ``deadline`` seconds at most in all, however
+slowly a daemon sends (each socket operation ``timeout``). A daemon that did not answer is
+skipped for ``retry_after`` seconds, so a lost node costs one timeout, not one per lookup. The
+token is the service's (``credentials.service_token``): it opens that service's blocks on every
+daemon, nothing else.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from matrixpool_recovery import errors, kvpool, names, wire
 
 log = logging.getLogger(__name__)
 TIMEOUT = 2.0  # seconds to connect and for each socket operation
+DEADLINE = 5.0  # seconds for a whole request (a daemon that trickles is cut off there)
 RETRY_AFTER = 5.0  # seconds a daemon that did not answer is skipped
 TOKENS = wire.HEADER + "Tokens"  # header: the tokens of the prefix a block holds
 
@@ -64,12 +67,15 @@ class KvClient:
         daemons: Sequence[str],
         timeout: float = TIMEOUT,
         retry_after: float = RETRY_AFTER,
+        deadline: float = DEADLINE,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not daemons:
             raise ValueError("a KV client needs at least its node's daemon")
         self.service = names.job(service)  # the InferenceService's UID
-        self.endpoints = [wire.Endpoint(a, token, timeout) for a in daemons]  # local first
+        self.endpoints = [
+            wire.Endpoint(a, token, timeout, deadline) for a in daemons
+        ]  # local first
         self.retry_after = retry_after
         self.clock = clock
         self.stats = Stats()

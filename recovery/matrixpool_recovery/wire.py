@@ -12,6 +12,10 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import logging
+import socket
+import threading
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +24,7 @@ from urllib.parse import quote, urlencode
 
 from matrixpool_recovery import errors
 
+log = logging.getLogger(__name__)
 HEADER = "X-Matrixpool-"  # prefix of the headers that carry shard metadata
 SEND_PIECE = 8 << 20  # bytes per sendall when uploading from memory
 _BY_STATUS: dict[int, type[errors.DaemonError]] = {
@@ -37,6 +42,7 @@ class Endpoint:
     address: str  # host:port, or http://host:port
     token: str  # a job's token or the operator's (credentials)
     timeout: float = 60.0  # seconds for connecting and for each socket operation
+    deadline: float | None = None  # seconds for a whole request, however the daemon trickles
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -48,10 +54,88 @@ class Endpoint:
 
     def connect(self, timeout: float | None = None) -> http.client.HTTPConnection:
         host, port = self.host_port
+        if self.deadline is not None:
+            return _Bounded(host, port, timeout=timeout or self.timeout, deadline=self.deadline)
         return http.client.HTTPConnection(host, port, timeout=timeout or self.timeout)
 
     def headers(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}", **(extra or {})}
+
+
+class Watchdog:
+    """Cuts connections off at their deadlines: shut down, so that whoever is blocked reading
+    or writing one gets an error at once (a daemon's handler: its slot and any buffer it
+    reserved go back; a client: the request fails as unreachable). One thread for every
+    connection of its owner, started at the first."""
+
+    def __init__(self) -> None:
+        self._due: dict[int, tuple[float, socket.socket]] = {}  # watch -> deadline, connection
+        self._next = 0
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def arm(self, connection: socket.socket, deadline: float) -> int:
+        with self._cond:
+            self._next += 1
+            self._due[self._next] = (deadline, connection)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="deadlines", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+            return self._next
+
+    def extend(self, watch: int, deadline: float) -> None:
+        with self._cond:
+            if watch in self._due:
+                self._due[watch] = (max(deadline, self._due[watch][0]), self._due[watch][1])
+
+    def shorten(self, watch: int, deadline: float) -> None:
+        with self._cond:
+            if watch in self._due:
+                self._due[watch] = (min(deadline, self._due[watch][0]), self._due[watch][1])
+                self._cond.notify()
+
+    def disarm(self, watch: int) -> None:
+        with self._cond:
+            self._due.pop(watch, None)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                late = [w for w, (deadline, _) in self._due.items() if deadline <= now]
+                cut = [self._due.pop(w)[1] for w in late]
+                if not cut:
+                    soonest = min((d for d, _ in self._due.values()), default=now + 60)
+                    self._cond.wait(max(0.01, soonest - now))
+                    continue
+            for connection in cut:
+                log.warning("a connection passed its deadline: cut off")
+                with contextlib.suppress(OSError):
+                    connection.shutdown(socket.SHUT_RDWR)
+
+
+CLIENT_DEADLINES = Watchdog()  # the deadlines of this process's requests (Endpoint.deadline)
+
+
+class _Bounded(http.client.HTTPConnection):
+    """A connection cut off ``deadline`` seconds after it was opened (``CLIENT_DEADLINES``)."""
+
+    def __init__(self, host: str, port: int, *, timeout: float, deadline: float) -> None:
+        super().__init__(host, port, timeout=timeout)
+        self.deadline = deadline
+        self.watch: int | None = None
+
+    def connect(self) -> None:
+        super().connect()
+        assert self.sock is not None
+        self.watch = CLIENT_DEADLINES.arm(self.sock, time.monotonic() + self.deadline)
+
+    def close(self) -> None:
+        if self.watch is not None:
+            CLIENT_DEADLINES.disarm(self.watch)
+            self.watch = None
+        super().close()
 
 
 def shard_path(job: str, rank: int, step: int, action: str, **query: Any) -> str:

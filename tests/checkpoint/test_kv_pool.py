@@ -9,11 +9,15 @@ recovery package may not import matrixpool).
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
 import signal
+import threading
+import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -354,3 +358,38 @@ def test_the_pool_reports_bytes_per_service_hits_misses_and_evictions(one: Clust
     assert found[("matrixpool_kvpool_lookups_total", f"{A}/hit")] == 1
     assert found[("matrixpool_kvpool_lookups_total", f"{A}/miss")] == 1
     assert found[("matrixpool_kvpool_evictions_total", f"{A}/")] == 1
+
+
+class Trickling(BaseHTTPRequestHandler):
+    """A daemon that answers one byte of its headers every 0.5 s: each read is quick, the whole
+    never ends."""
+
+    def do_GET(self) -> None:
+        answer = b"HTTP/1.0 200 OK\r\n" + b"X-Slow: " + b"." * 100
+        with contextlib.suppress(OSError):  # until the client hangs up
+            for byte in answer:
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+                time.sleep(0.5)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_daemon_that_trickles_is_cut_off_at_the_whole_requests_deadline() -> None:
+    """Issue 31, finding 8: each byte within the per-read timeout, the lookup still ends by its
+    deadline as a miss (the engine recomputes) and the daemon is skipped."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Trickling)
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
+    try:
+        address = f"127.0.0.1:{server.server_address[1]}"
+        pool = kvclient.KvClient(A, service_token(A), [address], timeout=2.0, deadline=1.5)
+        started = time.monotonic()
+        assert pool.lookup(H1) is None
+        took = time.monotonic() - started
+        assert took < 4, took  # the deadline, not 100 reads of 0.5 s
+        assert pool.down() == [address]
+    finally:
+        server.shutdown()
+        server.server_close()
