@@ -48,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import posixpath
 import secrets
 import shutil
 import signal
@@ -361,13 +362,20 @@ class Sim:
 
     def node_folder(self, node: str, path: str) -> Path:
         """A host path of ``node``, as a folder of this machine; one under a shared path is
-        the same folder on every node (a shared file system mounted on each)."""
-        inside = path.strip("/")
+        the same folder on every node (a shared file system mounted on each). ``..`` is
+        resolved as on the node (``/../../etc`` is its ``/etc``), and a path that leads out of
+        the node's folder (through a link a container made) is refused: ``FailedMount``."""
+        inside = posixpath.normpath("/" + path).strip("/")
+        root = self.folder / "nodes" / node
         for shared in self.shared_paths:
-            prefix = shared.strip("/")
+            prefix = posixpath.normpath("/" + shared).strip("/")
             if inside == prefix or inside.startswith(prefix + "/"):
-                return self.folder / "shared" / inside
-        return self.folder / "nodes" / node / inside
+                root = self.folder / "shared"
+                break
+        folder = root / inside
+        if not folder.resolve().is_relative_to(root.resolve()):
+            raise kubelet.NotReadyError("FailedMount", f"hostPath {path} leads out of {node}")
+        return folder
 
     def start_daemon(self, node: str) -> None:
         if node not in self.addresses:
@@ -665,8 +673,12 @@ class Sim:
                 source = self.node_folder(run.node, volume["hostPath"]["path"])
             else:
                 source = run.folder / "volumes" / mount["name"]
-            if mount.get("subPath"):
-                source = source / mount["subPath"]
+            if mount.get("subPath"):  # the API refuses "..": a link must not lead out either
+                base, source = source, source / mount["subPath"]
+                if not source.resolve().is_relative_to(base.resolve()):
+                    raise kubelet.NotReadyError(
+                        "FailedMount", f"subPath {mount['subPath']} leads out of its volume"
+                    )
             read_only, file = bool(mount.get("readOnly")), source.is_file()  # a subPath key
             found.append(kubelet.Mount(str(source), mount["mountPath"], read_only, file))
         return found
