@@ -93,6 +93,7 @@ async def deleted_job(
     type: str,
     body: kopf.Body,
     daemon_leases: kopf.Index[str, daemonleases.Announced],
+    node_facts: kopf.Index[str, inventory.NodeInfo],
     **_: Any,
 ) -> None:
     """The watch saw a TrainingJob go (no finalizer holds it: deleting a job never waits)."""
@@ -102,7 +103,15 @@ async def deleted_job(
     uid, name, namespace = meta.get("uid", ""), meta.get("name"), meta.get("namespace")
     if not uid:
         return
-    endpoints = sorted({a.endpoint for store in daemon_leases.values() for a in store})
+    addresses = {node: info.address for node, store in node_facts.items() for info in store}
+    endpoints = sorted(
+        {
+            a.endpoint
+            for node, store in daemon_leases.items()
+            for a in store
+            if daemonleases.on_node(a.endpoint, addresses.get(node, ""))
+        }
+    )
     act = executor.Live()  # a kopf handler: not run by the loop, which gives the others theirs
     done = await act.delete_checkpoints(uid, endpoints)
     metrics.CHECKPOINTS_DELETED.labels("deleted").inc(len(done))

@@ -331,11 +331,30 @@ def with_endpoints(
     nodes: list[inventory.NodeInfo], announced: dict[str, daemonleases.Announced]
 ) -> list[inventory.NodeInfo]:
     """The Nodes with their checkpoint daemon's endpoint, as its Lease announces it (none
-    without a Lease)."""
-    return [
-        dataclasses.replace(n, endpoint=announced[n.name].endpoint) if n.name in announced else n
-        for n in nodes
-    ]
+    without a Lease, nor with one that points away from the node's InternalIP)."""
+    out = []
+    for node in nodes:
+        lease = announced.get(node.name)
+        if lease is not None and daemonleases.on_node(lease.endpoint, node.address):
+            node = dataclasses.replace(node, endpoint=lease.endpoint)
+        elif lease is not None:
+            _refused(node.name, lease.endpoint, node.address)
+        out.append(node)
+    return out
+
+
+_REFUSED: set[tuple[str, str]] = set()  # (node, endpoint) said once
+
+
+def _refused(node: str, endpoint: str, address: str) -> None:
+    if (node, endpoint) not in _REFUSED:
+        _REFUSED.add((node, endpoint))
+        log.warning(
+            "a daemon Lease points away from its node: ignored",
+            node=node,
+            endpoint=endpoint,
+            internal_ip=address,
+        )
 
 
 def _all(index: kopf.Index[str, Any]) -> list[Any]:

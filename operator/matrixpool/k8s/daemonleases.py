@@ -15,6 +15,9 @@ operator's own clock, ``controllers.recovery.heartbeat``) counts as a silent dae
 else writes them: a renewal only moves ``renewTime``; the endpoint is written when the Lease is
 created and on an announcer's first renewal (a restarted daemon may serve elsewhere). A Lease
 whose node is gone is ignored (no owner reference: that would need read access to Nodes).
+A Lease counts only under its node's name (:func:`lease_name`), and its endpoint only at the
+node's InternalIP (:func:`on_node`): one node's announcer cannot point another node's daemon,
+or its own, at a host that would receive the operator's token.
 
 Errors: the API's (``kubernetes.client.ApiException``), except a create that lost a race,
 which becomes a renewal.
@@ -118,13 +121,13 @@ class Announced:
     started: float  # acquireTime, epoch seconds: when the daemon (re)started serving
 
 
-def parse(annotations: Mapping[str, str], spec: Mapping[str, Any]) -> Announced | None:
-    """The daemon a Lease announces, or None when it names no node, no endpoint or no
-    renewal."""
+def parse(name: str, annotations: Mapping[str, str], spec: Mapping[str, Any]) -> Announced | None:
+    """The daemon the Lease ``name`` announces, or None when it names no node, no endpoint or
+    no renewal, or a node whose Lease it is not (one node's announcer writing for another)."""
     node = str(spec.get("holderIdentity") or "")
     endpoint = str(annotations.get(labels.CKPT_ENDPOINT) or "")
     renewed = spec.get("renewTime")
-    if not (node and endpoint and renewed):
+    if not (node and endpoint and renewed) or name != lease_name(node):
         return None
     return Announced(
         node,
@@ -133,6 +136,14 @@ def parse(annotations: Mapping[str, str], spec: Mapping[str, Any]) -> Announced 
         float(spec.get("leaseDurationSeconds") or DURATION_SECONDS),
         _epoch(spec.get("acquireTime") or renewed),
     )
+
+
+def on_node(endpoint: str, address: str) -> bool:
+    """Whether ``endpoint`` (host:port) is served at the node's InternalIP ``address``: the
+    only endpoint the operator believes a Lease for (and sends its token to). A daemon runs in
+    the node's network; a Lease that points elsewhere was not written by it."""
+    host = endpoint.rpartition(":")[0].strip("[]")
+    return bool(address) and host == address.strip("[]")
 
 
 def _epoch(value: Any) -> float:

@@ -66,11 +66,11 @@ async def node_facts(
     when=lambda namespace, **_: namespace == k8s_client.operator_namespace(),
 )
 async def daemon_leases(
-    annotations: Mapping[str, str], spec: Mapping[str, Any], **_: Any
+    name: str, annotations: Mapping[str, str], spec: Mapping[str, Any], **_: Any
 ) -> dict[str, daemonleases.Announced] | None:
     """Node → its checkpoint daemon, as the daemon's Lease announces it
     (:mod:`matrixpool.k8s.daemonleases`)."""
-    announced = daemonleases.parse(annotations, spec)
+    announced = daemonleases.parse(name, annotations, spec)
     return {announced.node: announced} if announced is not None else None
 
 

@@ -4,6 +4,7 @@ answers as the API server does: 404 for a missing Lease, 409 for one created mea
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from typing import Any
 
@@ -25,8 +26,9 @@ def test_a_lease_names_its_node_and_endpoint_and_is_labelled() -> None:
     assert lease["metadata"]["annotations"] == {labels.CKPT_ENDPOINT: "10.0.0.7:7040"}
     assert lease["spec"]["holderIdentity"] == "sn-0-node-07"
     assert lease["spec"]["renewTime"] == "2026-11-30T12:00:00.250000Z"
+    meta = lease["metadata"]
     assert daemonleases.parse(
-        lease["metadata"]["annotations"], lease["spec"]
+        meta["name"], meta["annotations"], lease["spec"]
     ) == daemonleases.Announced(
         "sn-0-node-07", "10.0.0.7:7040", NOW.timestamp(), 40.0, NOW.timestamp()
     )
@@ -47,7 +49,49 @@ def test_a_lease_names_its_node_and_endpoint_and_is_labelled() -> None:
 def test_a_lease_missing_a_part_announces_nothing(
     annotations: dict[str, str], spec: dict[str, Any]
 ) -> None:
-    assert daemonleases.parse(annotations, spec) is None
+    assert daemonleases.parse("matrixpool-daemon-n", annotations, spec) is None
+
+
+def test_a_lease_written_for_another_node_announces_nothing() -> None:
+    """Issue 31, finding 6: node n2's announcer may write n2's Lease only; a Lease named for n2
+    that says it is n1's daemon is ignored."""
+    lease = daemonleases.body("n1", "10.0.0.2:7040", 40, NOW)
+    assert (
+        daemonleases.parse("matrixpool-daemon-n2", lease["metadata"]["annotations"], lease["spec"])
+        is None
+    )
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "address", "believed"),
+    [
+        ("10.0.0.7:7040", "10.0.0.7", True),
+        ("[fd00::7]:7040", "fd00::7", True),
+        ("10.0.0.8:7040", "10.0.0.7", False),  # another host: it would get the operator's token
+        ("evil.example:7040", "10.0.0.7", False),
+        ("10.0.0.7:7040", "", False),  # a node without an InternalIP: nothing to compare
+    ],
+)
+def test_an_endpoint_counts_only_at_its_nodes_internal_ip(
+    endpoint: str, address: str, believed: bool
+) -> None:
+    assert daemonleases.on_node(endpoint, address) is believed
+
+
+def test_the_loop_gives_a_node_only_an_endpoint_at_its_own_address() -> None:
+    from matrixpool.controllers import loop
+    from tests.unit import worlds
+
+    nodes = list(worlds.fixed_world({}, []).nodes)[:2]
+    mine, theirs = (
+        dataclasses.replace(n, address=f"10.0.0.{i}", endpoint="") for i, n in enumerate(nodes)
+    )
+    announced = {
+        mine.name: daemonleases.Announced(mine.name, "10.0.0.0:7040", 0.0, 40.0, 0.0),
+        theirs.name: daemonleases.Announced(theirs.name, "10.9.9.9:7040", 0.0, 40.0, 0.0),
+    }
+    seen = {n.name: n.endpoint for n in loop.with_endpoints([mine, theirs], announced)}
+    assert seen == {mine.name: "10.0.0.0:7040", theirs.name: ""}
 
 
 def test_long_node_names_get_distinct_valid_lease_names() -> None:
@@ -122,7 +166,9 @@ def test_a_daemon_that_starts_again_moves_acquire_time_and_a_renewal_does_not() 
     assert lease["spec"]["acquireTime"] == "2026-11-30T12:00:00.250000Z"
     again = NOW + datetime.timedelta(seconds=60)
     daemonleases.announce(api(fake), "ops", "n1", "10.0.0.1:7040", now=again, first=True)
-    seen = daemonleases.parse(lease["metadata"]["annotations"], lease["spec"])
+    seen = daemonleases.parse(
+        lease["metadata"]["name"], lease["metadata"]["annotations"], lease["spec"]
+    )
     assert seen is not None
     assert seen.started == again.timestamp()
 
