@@ -125,7 +125,7 @@ async def main_loop(
             announced=announced,
             silent=silent,
             supernodes=_first(supernode_models),
-            nodes=with_endpoints(_all(node_facts), announced),
+            nodes=with_endpoints(_all(node_facts), announced, state.refused),
             foreign=supernode.Facts.sum_held(foreign_pods),
             workloads=[*_all(training_jobs), *_all(inference_services)],
             stale=state.leases.observe(_first(node_leases), now),
@@ -240,6 +240,7 @@ class Controllers:
     autoscaling: autoscaler.Memory = field(default_factory=autoscaler.Memory)  # per service
     tables: ranktable.Memory = field(default_factory=ranktable.Memory)  # HCCL rank tables
     unreported: bool = False  # a binding cycle started and the status is not written since
+    refused: set[tuple[str, str]] = field(default_factory=set)  # (node, endpoint) Leases said
 
     def forget(self, uid: str, key: str) -> None:
         """Drop the workload ``uid`` (named ``key``) from every memory kept by workload."""
@@ -328,33 +329,29 @@ class Lagged:
 
 
 def with_endpoints(
-    nodes: list[inventory.NodeInfo], announced: dict[str, daemonleases.Announced]
+    nodes: list[inventory.NodeInfo],
+    announced: dict[str, daemonleases.Announced],
+    refused: set[tuple[str, str]] | None = None,
 ) -> list[inventory.NodeInfo]:
     """The Nodes with their checkpoint daemon's endpoint, as its Lease announces it (none
-    without a Lease, nor with one that points away from the node's InternalIP)."""
+    without a Lease, nor with one that points away from the node's InternalIP: said once per
+    node and endpoint, remembered in ``refused``)."""
     out = []
+    said = set() if refused is None else refused
     for node in nodes:
         lease = announced.get(node.name)
         if lease is not None and daemonleases.on_node(lease.endpoint, node.address):
             node = dataclasses.replace(node, endpoint=lease.endpoint)
-        elif lease is not None:
-            _refused(node.name, lease.endpoint, node.address)
+        elif lease is not None and (node.name, lease.endpoint) not in said:
+            said.add((node.name, lease.endpoint))
+            log.warning(
+                "a daemon Lease points away from its node: ignored",
+                node=node.name,
+                endpoint=lease.endpoint,
+                internal_ip=node.address,
+            )
         out.append(node)
     return out
-
-
-_REFUSED: set[tuple[str, str]] = set()  # (node, endpoint) said once
-
-
-def _refused(node: str, endpoint: str, address: str) -> None:
-    if (node, endpoint) not in _REFUSED:
-        _REFUSED.add((node, endpoint))
-        log.warning(
-            "a daemon Lease points away from its node: ignored",
-            node=node,
-            endpoint=endpoint,
-            internal_ip=address,
-        )
 
 
 def _all(index: kopf.Index[str, Any]) -> list[Any]:
