@@ -19,13 +19,15 @@ DELAY = 5.0  # seconds the slow daemon takes before it answers anything
 
 
 class SlowProxy:
-    """A TCP proxy that waits DELAY seconds on every connection before passing it on."""
+    """A TCP proxy that waits DELAY seconds on every connection before passing it on. It
+    listens on the daemon's own address (another port): the operator believes a daemon Lease
+    only at its node's InternalIP."""
 
     def __init__(self, upstream: str) -> None:
         host, port = upstream.rsplit(":", 1)
         self.upstream = (host, int(port))
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.address = f"127.0.0.1:{self.server.getsockname()[1]}"
+        self.server = socket.create_server((host, 0))
+        self.address = f"{host}:{self.server.getsockname()[1]}"
         self.stopped = threading.Event()
         threading.Thread(target=self.accept, daemon=True).start()
 
