@@ -225,8 +225,9 @@ class TrainingJobSpec(common.ApiModel):
     """Fault recovery."""
     ttl_seconds_after_finished: int | None = Field(default=None, ge=0, le=MAX_TTL_SECONDS)
     """Seconds after the job Succeeded (status.completionTime) before the operator deletes
-    its pods, kept until then for their logs and holding no cards; absent: kept until the job
-    is deleted. Unlike a Kubernetes Job's field of that name, the TrainingJob itself stays: its
+    its pods, kept until then for their logs and holding no cards, and its checkpoints on
+    tiers 1 and 2 (node memory and disk; tier 3 stays); absent: kept until the job is
+    deleted. Unlike a Kubernetes Job's field of that name, the TrainingJob itself stays: its
     status is the record of the run (recoveries, preemptions, checkpoint steps) and deleting
     it would delete its checkpoints (tiers 1-2, and tier 3 under reclaimPolicy Delete). A
     Failed job's pods are deleted when it fails, whatever this says."""

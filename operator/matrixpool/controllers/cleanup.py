@@ -10,7 +10,10 @@ Daemons know a job by its UID (``matrixpool.k8s.daemonclient``). Two paths delet
 2. **The sweep** (``sweep``, started by the main loop every :data:`SWEEP_SECONDS`, in a task of
    its own so that a slow daemon never holds the scheduling cycle): a job UID that daemons
    hold and no TrainingJob has, in two sweeps in a row, is dropped. It catches what the first
-   path missed (the operator down at the time, a daemon unreachable then).
+   path missed (the operator down at the time, a daemon unreachable then). A job that
+   Succeeded ``spec.ttlSecondsAfterFinished`` ago counts as gone for it too: its tiers 1 and 2
+   are released with its pods (tier 3 stays), so that finished jobs' protected steps never
+   fill tier 1. Without a ttl they stay until the job is deleted.
 
 Called by kopf (``deleted_job``) and by :mod:`matrixpool.controllers.loop` (``sweep``).
 """
@@ -18,6 +21,7 @@ Called by kopf (``deleted_job``) and by :mod:`matrixpool.controllers.loop` (``sw
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,14 +75,16 @@ def sweep(
     nodes: list[inventory.NodeInfo],
     workloads: list[Workload],
     act: executor.Executor,
+    finished: Callable[[Workload], bool] = lambda _: False,
 ) -> None:
-    """Start a sweep when one is due (never two at once)."""
+    """Start a sweep when one is due (never two at once). ``finished``: whether a job is past
+    its ttl after it Succeeded (its tiers 1 and 2 go as an orphan's)."""
     now = clock.SYSTEM.monotonic()
     if not sweeper.due(now):
         return
     sweeper.last = now
     endpoints = sorted({n.endpoint for n in nodes if n.endpoint})
-    live = {w.uid for w in workloads if w.kind == trainingjob.KIND}
+    live = {w.uid for w in workloads if w.kind == trainingjob.KIND and not finished(w)}
     sweeper.task = asyncio.create_task(sweep_once(sweeper, endpoints, live, act), name="ckpt-sweep")
 
 

@@ -15,8 +15,10 @@ Rules:
    Succeeded, which the read model trusts from then on (an operator restarted later too).
 3. A finished job's pods are kept for their logs; they hold no card (the World shows them
    ``released``), are never recreated, never recovered, and time-sharing does not count them.
-4. ``spec.ttlSecondsAfterFinished`` after ``status.completionTime``, its pods are deleted; the
-   job stays (see the field's description for why).
+4. ``spec.ttlSecondsAfterFinished`` after ``status.completionTime``, its pods are deleted, and
+   its tiers 1 and 2 on the daemons go with the next sweeps (``controllers.cleanup``: a step a
+   finished job keeps there is protected from eviction, and would fill tier 1); the job, and
+   its tier 3, stay (see the field's description for why).
 
 Errors: none of its own; the executor's are the caller's.
 """
@@ -70,15 +72,20 @@ def observe(world: read_model.World, act: executor.Executor) -> None:
         log.info("job succeeded", job=workload.key, ranks=size)
 
 
+def past_ttl(world: read_model.World, workload: Workload, now: datetime.datetime) -> bool:
+    """Rule 4: whether ``workload`` finished ``spec.ttlSecondsAfterFinished`` ago or more."""
+    done = read_model.completed(world, workload)
+    if done is None or not isinstance(workload.model, trainingjob.TrainingJob):
+        return False
+    ttl = workload.model.spec.ttl_seconds_after_finished
+    return ttl is not None and now >= done + datetime.timedelta(seconds=ttl)
+
+
 def expired(
     world: read_model.World, workload: Workload, now: datetime.datetime
 ) -> list[convert.PodFacts]:
     """Rule 4: the pods of a finished job to delete now (its ttl passed), else []."""
-    done = read_model.completed(world, workload)
-    if done is None or not isinstance(workload.model, trainingjob.TrainingJob):
-        return []
-    ttl = workload.model.spec.ttl_seconds_after_finished
-    if ttl is None or now < done + datetime.timedelta(seconds=ttl):
+    if not past_ttl(world, workload, now):
         return []
     return [p for p in world.pods.get(workload.key, []) if not p.deleting]
 

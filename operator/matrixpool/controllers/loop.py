@@ -183,7 +183,14 @@ async def one_pass(state: Controllers, read: Callable[[], world.World]) -> None:
     when each cycle binds again."""
     now = read()
     state.forget_replaced(now.workloads)
-    cleanup.sweep(state.sweeper, now.nodes, now.workloads, state.act)
+    moment = clock.SYSTEM.now()
+    cleanup.sweep(
+        state.sweeper,
+        now.nodes,
+        now.workloads,
+        state.act,
+        lambda w: lifecycle.past_ttl(now, w, moment),
+    )
     act = state.act
     lifecycle.observe(now, act)
     await recovery.run(now, state.recoveries, act)

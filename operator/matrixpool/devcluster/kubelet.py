@@ -47,7 +47,18 @@ class Lookup(Protocol):
 
     def config_map(self, namespace: str, name: str) -> Mapping[str, bytes] | None: ...
 
-    def token(self, namespace: str, account: str, audience: str | None, seconds: int) -> str: ...
+    def token(
+        self,
+        namespace: str,
+        account: str,
+        audience: str | None,
+        seconds: int,
+        pod: tuple[str, str] | None = None,
+    ) -> str:
+        """A token of ``account``, bound to ``pod`` (name, UID) as a kubelet's are: valid while
+        the pod lives, and carrying its node in the claims the API server reads
+        (``authentication.kubernetes.io/node-name``)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -251,7 +262,11 @@ def volume_files(
                 ref = source["serviceAccountToken"]
                 account = (pod.get("spec") or {}).get("serviceAccountName") or "default"
                 seconds = int(ref.get("expirationSeconds") or 3607)
-                token = lookup.token(namespace, account, ref.get("audience"), seconds)
+                meta = pod.get("metadata") or {}
+                bound = (str(meta.get("name", "")), str(meta.get("uid", "")))
+                token = lookup.token(
+                    namespace, account, ref.get("audience"), seconds, bound if bound[1] else None
+                )
                 files[ref["path"]] = token.encode()
         return files
     if "emptyDir" in volume or "hostPath" in volume:

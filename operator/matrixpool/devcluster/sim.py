@@ -172,7 +172,7 @@ class ApiLookup:
     def __init__(self, api: k8s_client.Api) -> None:
         self.api = api
         self.cache: dict[tuple[str, str, str], tuple[float, Mapping[str, bytes] | None]] = {}
-        self.tokens: dict[tuple[str, str, str], tuple[float, str]] = {}
+        self.tokens: dict[tuple[str, ...], tuple[float, str]] = {}
 
     def _read(self, kind: str, namespace: str, name: str) -> Mapping[str, bytes] | None:
         key = (kind, namespace, name)
@@ -204,8 +204,15 @@ class ApiLookup:
     def config_map(self, namespace: str, name: str) -> Mapping[str, bytes] | None:
         return self._read("ConfigMap", namespace, name)
 
-    def token(self, namespace: str, account: str, audience: str | None, seconds: int) -> str:
-        key = (namespace, account, audience or "")
+    def token(
+        self,
+        namespace: str,
+        account: str,
+        audience: str | None,
+        seconds: int,
+        pod: tuple[str, str] | None = None,
+    ) -> str:
+        key = (namespace, account, audience or "", *(pod or ("", "")))
         now = time.monotonic()
         cached = self.tokens.get(key)
         if cached is not None and now < cached[0]:
@@ -214,6 +221,9 @@ class ApiLookup:
         spec: dict[str, Any] = {"expirationSeconds": life}
         if audience:
             spec["audiences"] = [audience]
+        if pod is not None:  # as a kubelet asks: the pod's node goes into the token's claims
+            name, uid = pod
+            spec["boundObjectRef"] = {"kind": "Pod", "apiVersion": "v1", "name": name, "uid": uid}
         answer = self.api.core.create_namespaced_service_account_token(
             account, namespace, {"spec": spec}
         )

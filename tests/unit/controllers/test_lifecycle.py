@@ -18,7 +18,7 @@ import pytest
 
 from matrixpool import clock
 from matrixpool.api import crdgen, labels, trainingjob
-from matrixpool.controllers import lifecycle, timeshare
+from matrixpool.controllers import cleanup, lifecycle, timeshare
 from matrixpool.controllers.recovery import carry_out, detect
 from matrixpool.controllers.recovery import controller as recovery
 from matrixpool.controllers.recovery import memory as recovery_memory
@@ -163,6 +163,48 @@ def test_the_pods_of_a_finished_job_go_after_its_ttl(ttl: int | None, gone: bool
     assert sorted(executor.deleted) == (["ns/a-0", "ns/a-1"] if gone else [])
     assert ("PodsDeleted" in executor.reasons("a")) == gone
     assert executor.status_of("a", "phase") == ["Succeeded"], "the job itself stays"
+
+
+@pytest.mark.parametrize(
+    ("ttl", "released"),
+    [
+        pytest.param(None, False, id="without a ttl tiers 1 and 2 stay"),
+        pytest.param(60, True, id="once the ttl passed they go with the pods"),
+        pytest.param(10**7, False, id="before the ttl passed they stay"),
+    ],
+)
+def test_the_tier_1_and_2_steps_of_a_finished_job_go_after_its_ttl(
+    ttl: int | None, released: bool
+) -> None:
+    """Issue 31, finding 8: the step a finished job kept on tier 1 is protected from eviction;
+    past its ttl the sweep drops its tiers 1 and 2 as an orphan's (two sweeps in a row)."""
+    executor = Recorder()
+    fields = {} if ttl is None else {"ttlSecondsAfterFinished": ttl}
+    completed = clock.SYSTEM.now() - datetime.timedelta(days=30)
+    stamp = completed.isoformat().replace("+00:00", "Z")
+    a = job("a", 2, status=done_status(completionTime=stamp), **fields)
+    seen = fixed_world(index(*finished("a", 2)), [a])
+    endpoints = sorted(n.endpoint for n in seen.nodes if n.endpoint)
+    executor.held = {a.uid: set(endpoints)}
+    sweeper = cleanup.Sweeper()
+    now = clock.SYSTEM.now()
+
+    async def sweeps() -> None:
+        for _ in range(2):
+            sweeper.last = float("-inf")
+            cleanup.sweep(
+                sweeper,
+                seen.nodes,
+                seen.workloads,
+                executor,
+                lambda w: lifecycle.past_ttl(seen, w, now),
+            )
+            assert sweeper.task is not None
+            await sweeper.task
+
+    asyncio.run(sweeps())
+    deleted = [job for job, _ in executor.checkpoints_deleted]
+    assert deleted == ([a.uid] if released else [])
 
 
 def test_the_ttl_is_bounded_and_described_in_the_schema() -> None:

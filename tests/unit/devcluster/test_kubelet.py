@@ -34,6 +34,7 @@ class Lookup:
     def __init__(self, secrets: Mapping[str, Mapping[str, bytes]] | None = None) -> None:
         self.secrets = dict(secrets or {})
         self.asked: list[tuple[str, str | None, int]] = []
+        self.bound: list[tuple[str, str] | None] = []  # the pod each token was bound to
 
     def secret(self, namespace: str, name: str) -> Mapping[str, bytes] | None:
         return self.secrets.get(f"{namespace}/{name}")
@@ -41,8 +42,16 @@ class Lookup:
     def config_map(self, namespace: str, name: str) -> Mapping[str, bytes] | None:
         return {"mode": b"fast"} if name == "settings" else None
 
-    def token(self, namespace: str, account: str, audience: str | None, seconds: int) -> str:
+    def token(
+        self,
+        namespace: str,
+        account: str,
+        audience: str | None,
+        seconds: int,
+        pod: tuple[str, str] | None = None,
+    ) -> str:
         self.asked.append((account, audience, seconds))
+        self.bound.append(pod)
         return "jwt"
 
 
@@ -137,6 +146,8 @@ def test_volume_files() -> None:
     }
     assert kubelet.volume_files(POD, projected, lookup) == {"token": b"jwt", "m": b"fast"}
     assert lookup.asked == [("trainer", None, 3607)]
+    meta = POD["metadata"]
+    assert lookup.bound == [(meta["name"], meta["uid"])]  # bound to its pod, as a kubelet's are
     assert kubelet.volume_files(POD, {"name": "e", "emptyDir": {}}, lookup) is None
 
 
