@@ -10,17 +10,15 @@ import copy
 import json
 import os
 import signal
-import subprocess
+import ssl
+import urllib.error
 import urllib.request
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from matrixpool.api import labels
 from matrixpool.devcluster import certs, trainer
-from matrixpool.devcluster import cluster as devcluster
 from matrixpool.k8s import daemonleases
 from tests.integration import framework
 from tests.integration.chart import REPO, SHARED, SYSTEM, Installed
@@ -309,77 +307,59 @@ def _answers(endpoint: str) -> bool:
         return False
 
 
-def test_an_announcer_writes_its_own_nodes_lease_only(installed: Installed, tmp_path: Path) -> None:
+def test_an_announcer_writes_its_own_nodes_lease_only(installed: Installed) -> None:
     """Issue 31, finding 6: the announcer's ServiceAccount may patch Leases in the namespace,
     and the chart's policy narrows that to its own node's, by the node claim of a token bound
     to its pod (as the kubelet, here the sim, mounts it). The same ServiceAccount's token bound
-    to the pod on node A cannot point node B's Lease anywhere, nor can one bound to nothing."""
+    to the pod on node A cannot point node B's Lease anywhere, nor can one bound to nothing.
+    Patches are server-side dry runs: nothing changes."""
     cluster = installed.cluster
     daemons = installed.pods("checkpoint-daemon")
     mine, other = daemons[0], daemons[1]
     node, theirs = mine["spec"]["nodeName"], other["spec"]["nodeName"]
-    account = mine["spec"]["serviceAccountName"]
-    meta = mine["metadata"]
+    account, meta = mine["spec"]["serviceAccountName"], mine["metadata"]
+    server = cluster.local.status()["server"]
+    tls = ssl.create_default_context(cafile=str(certs.paths(cluster.local.folder / "pki").ca_cert))
 
-    def as_token(*bound: str) -> Callable[..., subprocess.CompletedProcess[str]]:
-        token = cluster.kubectl("create", "token", account, "-n", SYSTEM, *bound).stdout.strip()
-        config = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [
-                {
-                    "name": "c",
-                    "cluster": {
-                        "server": cluster.local.status()["server"],
-                        "certificate-authority": str(
-                            certs.paths(cluster.local.folder / "pki").ca_cert
-                        ),
-                    },
-                }
-            ],
-            "users": [{"name": "announcer", "user": {"token": token}}],
-            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "announcer"}}],
-            "current-context": "c",
-        }
-        kubeconfig = tmp_path / f"announcer-{len(bound)}.kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump(config))
-        kubeconfig.chmod(0o600)
+    def token(*bound: str) -> str:
+        made = cluster.kubectl("create", "token", account, "-n", SYSTEM, *bound)
+        return made.stdout.strip()
 
-        def kubectl(*args: str) -> subprocess.CompletedProcess[str]:
-            argv = [devcluster.kubectl_path(), f"--kubeconfig={kubeconfig}", "-n", SYSTEM, *args]
-            return subprocess.run(argv, capture_output=True, text=True, check=False)
-
-        return kubectl
-
-    def point(
-        kubectl: Callable[..., subprocess.CompletedProcess[str]], lease_node: str, holder: str
-    ) -> subprocess.CompletedProcess[str]:
+    def point(bearer: str, lease_node: str, holder: str) -> tuple[int, str]:
+        """PATCH the Lease of ``lease_node`` to a foreign endpoint, held as ``holder``."""
         patch = {
             "metadata": {"annotations": {labels.CKPT_ENDPOINT: "203.0.113.9:7040"}},
             "spec": {"holderIdentity": holder},
         }
-        lease = daemonleases.lease_name(lease_node)
-        return kubectl(
-            "patch", "lease", lease, "--type=merge", "-p", json.dumps(patch), "--dry-run=server"
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{SYSTEM}/leases/"
+        request = urllib.request.Request(
+            f"{server}{path}{daemonleases.lease_name(lease_node)}?dryRun=All",
+            data=json.dumps(patch).encode(),
+            method="PATCH",
+            headers={
+                "Authorization": f"Bearer {bearer}",
+                "Content-Type": "application/merge-patch+json",
+            },
         )
+        try:
+            with urllib.request.urlopen(request, context=tls, timeout=30) as answer:
+                return answer.status, ""
+        except urllib.error.HTTPError as refused:
+            return refused.code, refused.read().decode(errors="replace")
 
-    on_pod = as_token(
+    bound = (
         "--bound-object-kind=Pod",
         f"--bound-object-name={meta['name']}",
         f"--bound-object-uid={meta['uid']}",
     )
-    unbound = as_token()
-    own = point(on_pod, node, node)
-    assert own.returncode == 0, own.stderr  # its own node's Lease, dry run: nothing changes
-    for result, said in (
-        (
-            point(on_pod, theirs, theirs),
-            f"an announcer on node {node} writes matrixpool-daemon-{node} only",
-        ),
+    on_pod, unbound = token(*bound), token()
+    assert point(on_pod, node, node) == (200, "")  # its own node's Lease
+    for (status, said), expected in (
+        (point(on_pod, theirs, theirs), f"an announcer on node {node} writes"),
         (point(on_pod, node, theirs), f"holding it as {node}"),
         (point(unbound, node, node), "with a token bound to a pod on its node"),
     ):
-        assert result.returncode != 0, "admitted"
-        assert said in result.stderr, result.stderr
+        assert status == 403, said
+        assert expected in said, said
     endpoints = framework.daemon_endpoints(cluster, SYSTEM)  # the real announcers still write
     assert endpoints[theirs] == f"{other['status']['hostIP']}:{installed.ports['daemon']}"
