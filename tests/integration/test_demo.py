@@ -180,7 +180,9 @@ def check_operator_metrics(summary: dict[str, Any]) -> None:
 
 def check_daemon_metrics(kubeconfig: Path) -> None:
     """The daemon of a node where a training rank runs counts the bytes it saved (a daemon
-    that restarted with its node counts from zero: any one of the ranks' nodes will do)."""
+    that restarted with its node counts from zero, and one whose node the demo took down does
+    not answer while a rank's pod there still shows Running: any one of the ranks' nodes will
+    do)."""
     pods = get(kubeconfig, "pods", "-n", NAMESPACE, "-l", "matrixpool.dev/kind=TrainingJob")
     nodes = sorted(
         {
@@ -190,12 +192,15 @@ def check_daemon_metrics(kubeconfig: Path) -> None:
         }
     )
     assert nodes, "no training rank runs"
-    seen = {}
+    seen: dict[str, Any] = {}
     for node in nodes:
         lease = get(kubeconfig, "lease", "-n", "matrixpool-system", f"matrixpool-daemon-{node}")
-        found = scrape(
-            f"http://{lease['metadata']['annotations']['matrixpool.dev/ckpt-endpoint']}/metrics"
-        )
+        endpoint = lease["metadata"]["annotations"]["matrixpool.dev/ckpt-endpoint"]
+        try:
+            found = scrape(f"http://{endpoint}/metrics")
+        except OSError as err:  # URLError: refused, reset, timed out
+            seen[node] = f"{endpoint} unreachable: {err}"
+            continue
         saved = [
             value
             for (name, labels), value in found.items()
