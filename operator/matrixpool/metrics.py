@@ -7,6 +7,9 @@ Updated by the main loop (:mod:`matrixpool.controllers.loop`) and the scheduling
 
 from __future__ import annotations
 
+import threading
+import time
+
 import structlog
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
@@ -80,16 +83,40 @@ TIMESHARE_CHECKPOINTS = Counter(
 )
 
 
-def serve(port: int) -> None:
-    """Serve /metrics on ``port`` (0: not at all); a port in use is logged, not fatal."""
+BIND_RETRY_SECONDS = 2.0  # between tries at a port in use
+BIND_GIVE_UP_SECONDS = 600.0  # then /metrics stays off, said once more
+
+
+def serve(
+    port: int, retry: float = BIND_RETRY_SECONDS, give_up: float = BIND_GIVE_UP_SECONDS
+) -> None:
+    """Serve /metrics on ``port`` (0: not at all). A port in use (an operator that is being
+    replaced still holds it, until its grace period ends) is logged, not fatal, and tried again
+    in the background every ``retry`` seconds for ``give_up`` seconds."""
     if port <= 0:
         return
     try:
         start_http_server(port)
     except OSError as error:
-        log.warning("metrics endpoint not started", port=port, error=str(error))
+        log.warning("metrics endpoint not started; trying again", port=port, error=str(error))
+        threading.Thread(
+            target=_retry, args=(port, retry, give_up), name="metrics-bind", daemon=True
+        ).start()
         return
     log.info("metrics endpoint started", port=port)
+
+
+def _retry(port: int, retry: float, give_up: float) -> None:
+    deadline = time.monotonic() + give_up
+    while time.monotonic() < deadline:
+        time.sleep(retry)
+        try:
+            start_http_server(port)
+        except OSError:
+            continue
+        log.info("metrics endpoint started", port=port)
+        return
+    log.warning("metrics endpoint not started: the port stayed in use", port=port)
 
 
 def record_supernode(name: str, status: dict[str, object]) -> None:
