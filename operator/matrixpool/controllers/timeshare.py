@@ -253,11 +253,7 @@ class Sharing:
             key = split.WorkloadKey(w.key)
             live = self.live(w.key)
             if w.kind == trainingjob.KIND:
-                pods = len(live)
-                recovery = read_model.recovery_of(self.world, w)
-                if recovery is not None:  # its pods replaced, not released: it keeps its size
-                    pods = max(pods, recovery.world_size)
-                training[key] = math.ceil(pods / self.per_replica(w))
+                training[key] = math.ceil(read_model.pods_held(self.world, w) / self.per_replica(w))
             else:
                 roles: dict[str, set[int]] = {}
                 for p in live:

@@ -108,6 +108,14 @@ def recovery_of(world: World, workload: Workload) -> decided.RecoveryPlan | None
     return decided.RecoveryPlan.read(workload.status.get("recovering"))
 
 
+def pods_held(world: World, workload: Workload) -> int:
+    """The pods a TrainingJob holds: its live ones, and while a recovery replaces them the
+    ranks it brings back (replaced, not released: time-sharing keeps the job's size)."""
+    live = sum(1 for p in world.pods.get(workload.key, []) if not p.deleting)
+    recovery = recovery_of(world, workload)
+    return live if recovery is None else max(live, recovery.world_size)
+
+
 def failed_reason(world: World, workload: Workload) -> str | None:
     """Why a TrainingJob failed for good (maxRecoveries, no recovery possible), or None."""
     if workload.uid in world.decisions.failed:
