@@ -15,8 +15,10 @@ Saving (phases numbered as they run):
    copied (no copy at save), CPU tensors are copied into reused host buffers at once, and
    device tensors (CUDA, NPU, any device with streams) start copying on a side stream into
    reused pinned host buffers.
-2. A background thread reserves a buffer in the daemon's memory directory (shared with the
-   trainer on the node; uploads over HTTP otherwise), copies the state into it while hashing,
+2. A background thread reserves a buffer in the daemon's memory directory, gets that one
+   buffer's file over the daemon's Unix socket (``fdpass``: a trainer on the node sees no folder
+   of the daemon; uploads over HTTP where the socket cannot be reached), maps it and copies the
+   state into it while hashing,
    gives the arrays back (``wait_staged`` returns), and commits: the shard is tier 1 at once.
 3. The daemon pushes copies to peers and writes tiers 2 and 3 as the step is due
    (``spec.CheckpointSpec``); the thread follows the daemon's status and records failures,
@@ -31,6 +33,8 @@ reader of ``matrixpool_recovery.torch`` reads the shards other ranks saved).
 
 ``Checkpointer.from_env`` reads what the operator puts in the pod: MATRIXPOOL_JOB,
 MATRIXPOOL_RANK, MATRIXPOOL_WORLD_SIZE, MATRIXPOOL_CKPT_DAEMON (host:port),
+MATRIXPOOL_CKPT_SOCKET (the daemon's socket as the pod mounts it; default: where the daemon
+says it is),
 MATRIXPOOL_CKPT_TOKEN or MATRIXPOOL_CKPT_TOKEN_FILE (the job's token: it opens this job's
 checkpoints on every daemon, nothing else), MATRIXPOOL_CKPT_PEERS (comma-separated) and
 MATRIXPOOL_CHECKPOINT (the job's spec.checkpoint as JSON).
@@ -52,11 +56,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlencode
 
 import numpy as np
 
-from matrixpool_recovery import errors, files, manifest, names, staging, wire
-from matrixpool_recovery.spec import LOCAL, MEMORY, TIERS, CheckpointSpec
+from matrixpool_recovery import errors, fdpass, files, manifest, names, staging, wire
+from matrixpool_recovery.spec import LOCAL, MEMORY, PERSISTENT, TIERS, CheckpointSpec
 
 log = logging.getLogger(__name__)
 FOLLOW_WAIT = 30.0  # seconds per status request while following a save
@@ -149,6 +154,7 @@ class Checkpointer:
         shared_memory: bool | None = None,
         timeout: float = 600.0,
         incarnation: int = 0,
+        socket_path: str | None = None,
     ) -> None:
         self.job = names.job(job)  # validated: it becomes a directory name
         self.rank = names.rank(rank)
@@ -169,6 +175,7 @@ class Checkpointer:
         self._committed: manifest.Point | None = None  # newest tier-1 step committed, known
         self._refresh_at = 0.0  # monotonic time of the next look at every peer's inventory
         self._colocated = shared_memory  # may this process open the daemon's buffers? None: probe
+        self._socket = Path(socket_path) if socket_path else None  # None: as the daemon says
         self._maps: OrderedDict[str, tuple[mmap.mmap, int]] = OrderedDict()  # buffer -> map
         self._unreachable: list[str] = []  # daemons that did not answer the last look-up
         self._upload: np.ndarray[Any, np.dtype[np.uint8]] | None = None  # reused, remote case
@@ -191,6 +198,7 @@ class Checkpointer:
             spec=CheckpointSpec.from_json(spec_json) if spec_json else None,
             peers=peers or None,
             incarnation=int(env.get("MATRIXPOOL_INCARNATION") or 0),
+            socket_path=env.get("MATRIXPOOL_CKPT_SOCKET") or None,
         )
 
     def start_incarnation(self, incarnation: int) -> None:
@@ -334,7 +342,7 @@ class Checkpointer:
         size = item.captured.layout.size
         for stale in set(self._maps) - set(buffer["live"]):  # the daemon deleted these files
             self._maps.pop(stale)[0].close()
-        mapping = self._mapping(str(buffer["buffer"]), Path(buffer["path"]), size)
+        mapping = self._mapping(str(buffer["buffer"]), size)
         dest = np.frombuffer(mapping, dtype=np.uint8, count=size)
         try:
             digest = staging.write_shard(item.captured, dest)
@@ -390,21 +398,31 @@ class Checkpointer:
     # --- the daemon's memory, mapped ---
 
     def _is_colocated(self) -> bool:
-        """May this process write the daemon's buffers (same node, shared tmpfs, same group)?
+        """May this process be handed the daemon's buffers (same node, its socket mounted)?
 
-        The daemon writes a nonce into a probe file made like its buffers; opening it for
-        writing and reading the nonce back proves both.
+        The daemon's answer over the socket carries the nonce its HTTP info gives: the socket
+        and the address lead to the same daemon.
         """
         if self._colocated is None:
-            probe = wire.request(self.daemon, "GET", f"/v1/info?job={self.job}")["probe"]
+            info = wire.request(self.daemon, "GET", f"/v1/info?job={self.job}")
+            if self._socket is None:
+                self._socket = Path(str(info.get("socket", "")))
             try:
-                with open(probe["path"], "r+b") as file:
-                    self._colocated = file.read() == probe["nonce"].encode()
-            except OSError:
+                answer, _ = self._ask({"open": "probe"})
+                self._colocated = answer.get("nonce") == info["probe"]["nonce"]
+            except (errors.CheckpointError, OSError) as err:
+                log.info("uploading over HTTP: the daemon's socket %s: %s", self._socket, err)
                 self._colocated = False
         return self._colocated
 
-    def _mapping(self, buffer_id: str, path: Path, size: int) -> mmap.mmap:
+    def _ask(self, request: dict[str, Any]) -> fdpass.Answer:
+        """One request on the daemon's socket, as this job."""
+        if self._socket is None:
+            info = wire.request(self.daemon, "GET", f"/v1/info?job={self.job}")
+            self._socket = Path(str(info.get("socket", "")))
+        return fdpass.ask(self._socket, {"token": self.daemon.token, "job": self.job, **request})
+
+    def _mapping(self, buffer_id: str, size: int) -> mmap.mmap:
         """The buffer mapped into this process; kept, since the daemon hands it back."""
         cached = self._maps.pop(buffer_id, None)
         if cached is not None and cached[1] == size:
@@ -412,9 +430,14 @@ class Checkpointer:
             return cached[0]
         if cached is not None:
             cached[0].close()
-        with open(path, "r+b") as file:
+        _, fd = self._ask({"open": "buffer", "buffer": buffer_id})
+        if fd is None:
+            raise errors.DaemonError(f"the daemon handed over no file for buffer {buffer_id}")
+        try:
             flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-            mapping = mmap.mmap(file.fileno(), size, flags=flags)
+            mapping = mmap.mmap(fd, size, flags=flags)
+        finally:
+            os.close(fd)
         self._maps[buffer_id] = (mapping, size)
         while len(self._maps) > MAPS_KEPT:
             _, (old, _) = self._maps.popitem(last=False)
@@ -493,23 +516,29 @@ class Checkpointer:
         for endpoint in others:
             if endpoint.address not in {d.address for d in daemons}:
                 daemons.append(endpoint)
+        uri = self.spec.persistent_uri if persistent else None
         for order, endpoint in enumerate(daemons):
-            for holding in self._inventory(endpoint):
+            for holding in self._inventory(endpoint, None if order else uri):
+                if holding.tier == PERSISTENT:  # the node's daemon reads tier 3 for its trainers
+                    if uri and not order:
+                        found.append(_Source("persistent", holding, endpoint, order))
+                    continue
                 if holding.tier not in (MEMORY, LOCAL):
-                    continue  # a daemon serves tiers 1 and 2; tier 3 is read from its URI
+                    continue
                 kind = "memory" if holding.tier == MEMORY else "local"
                 if order:
                     kind = "peer" if holding.tier == MEMORY else "peer-local"
                 found.append(_Source(kind, holding, endpoint, order))
-        if persistent and self.spec.persistent_uri:
-            store = files.Persistent(self.spec.persistent_uri, keep=1)
+        if uri and not any(s.kind == "persistent" for s in found):  # here, if this process can
+            store = files.Persistent(uri, keep=1)
             for built in store.manifests(self.job):
                 found += [_Source("persistent", h, None) for h in manifest.holdings(built)]
         return found
 
-    def _inventory(self, endpoint: wire.Endpoint) -> list[manifest.Holding]:
+    def _inventory(self, endpoint: wire.Endpoint, uri: str | None = None) -> list[manifest.Holding]:
+        query = urlencode({"job": self.job, **({"uri": uri} if uri else {})})
         try:
-            answer = wire.request(endpoint, "GET", f"/v1/inventory?job={self.job}")
+            answer = wire.request(endpoint, "GET", f"/v1/inventory?{query}")
         except errors.DaemonUnreachableError as err:
             log.info("skipping unreachable daemon: %s", err)
             self._unreachable.append(endpoint.address)
@@ -529,13 +558,16 @@ class Checkpointer:
                 yield stream
             return
         if source.kind == "memory" and self._is_colocated():
-            where = wire.shard_path(self.job, holding.rank, holding.step, "path")
-            path = Path(wire.request(source.endpoint, "GET", where)["path"])
-            with _opened(path, holding) as stream:
+            asked = {"open": "shard", "rank": holding.rank, "step": holding.step}
+            _, fd = self._ask(asked)
+            if fd is None:
+                raise errors.DaemonError(f"the daemon handed over no file for {asked}")
+            with _opened(fd, holding) as stream:
                 yield stream
             return
-        tier = MEMORY if source.kind in ("memory", "peer") else LOCAL
-        where = wire.shard_path(self.job, holding.rank, holding.step, "shard", tier=tier)
+        tier = {"memory": MEMORY, "peer": MEMORY, "persistent": PERSISTENT}.get(source.kind, LOCAL)
+        uri = self.spec.persistent_uri if tier == PERSISTENT else None
+        where = wire.shard_path(self.job, holding.rank, holding.step, "shard", tier=tier, uri=uri)
         download = wire.get_shard(source.endpoint, where)
         try:
             yield Stream(download.read_into, download.size, holding.checksum)
@@ -647,11 +679,15 @@ def _state_of(into: Mapping[str, Any] | None) -> Callable[[Stream], dict[str, An
 
 
 @contextlib.contextmanager
-def _opened(path: Path, holding: manifest.Holding) -> Iterator[Stream]:
+def _opened(path: Path | int, holding: manifest.Holding) -> Iterator[Stream]:
+    """A shard's file (a path, or a file the daemon handed over: closed here) as a stream."""
     with open(path, "rb", buffering=0) as file:
         size = os.fstat(file.fileno()).st_size
         if size != holding.size:
-            raise errors.IntegrityError(f"{path} is {size} bytes, its manifest says {holding.size}")
+            raise errors.IntegrityError(
+                f"{holding.job}/{holding.rank}/{holding.step} is {size} bytes, its manifest "
+                f"says {holding.size}"
+            )
         yield Stream(file.readinto, size, holding.checksum)
 
 

@@ -22,8 +22,9 @@ HTTP API (JSON unless noted; every call but healthz and metrics needs
     GET    /v1/healthz                                  liveness, no token
     GET    /metrics                                     Prometheus text (``metrics``), no token
     GET    /v1/info[?job=J]            J or operator    node, memory directory, peers, usage
-    GET    /v1/inventory?job=J         J or operator    shards held: job rank step tier size
-                                                        checksum (tiers 1 and 2)
+    GET    /v1/inventory?job=J[&uri=U] J or operator    shards held: job rank step tier size
+                                                        checksum (tiers 1 and 2; with U, the
+                                                        job's tier-3 URI, tier 3 too)
     GET    /v1/inventory               operator         the same for every job
     POST   /v1/peers                   operator         {"peers": [host:port]}: the peer list
     DELETE /v1/jobs/J                  operator         forget a finished job
@@ -32,8 +33,7 @@ HTTP API (JSON unless noted; every call but healthz and metrics needs
     POST   reserve   {"size"}                           a memory buffer to write a shard into
     POST   commit    {"buffer", "checksum", ...}        take a written buffer, start the tiers
     PUT    shard     body: shard bytes                  the same for a peer or a remote trainer
-    GET    shard?tier=memory|local                      the shard bytes (sendfile)
-    GET    path?tier=memory                             the buffer file, for a trainer on the node
+    GET    shard?tier=memory|local|persistent[&uri=U]   the shard bytes (sendfile)
     GET    status?wait=SECONDS                          per tier: pending, ok or error
     and under /v1/kv/ (the KV pool; 503 on each route when --kv-pool-bytes is 0):
     PUT    S/blocks/H                  S or operator    body: block bytes; X-Matrixpool-Tokens:
@@ -92,6 +92,7 @@ from matrixpool_recovery import (
     checksum,
     credentials,
     errors,
+    fdpass,
     files,
     kvpool,
     manifest,
@@ -257,15 +258,13 @@ class Daemon:
         self.peers = list(peers)  # daemons to push tier-1 copies to, in order of preference
         self.keep = keep  # steps kept per job and tier
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="ckpt-tier")
-        self.nonce = secrets.token_hex(16)  # proves a trainer shares the memory directory
+        self.nonce = secrets.token_hex(16)  # proves a trainer's socket leads to this daemon
         self._statuses: OrderedDict[tuple[str, int, int], SaveStatus] = OrderedDict()
         self._lock = threading.Lock()
         self.kv = kvpool.KvPool(kv_pool_bytes) if kv_pool_bytes > 0 else None  # None: no pool
         self._kv_lock = threading.Lock()  # the pool is not thread-safe
         if self.kv is not None:
             metrics.watch_kv_pool(self._kv_bytes, kv_pool_bytes)
-        manifest.write_atomic(mem.root / "probe", self.nonce.encode())
-        (mem.root / "probe").chmod(memory.SHARED_MODE)
         metrics.watch_memory(mem.used, mem.limit)
 
     def authorized(self, header: str | None, scope: Scope) -> None:
@@ -318,13 +317,42 @@ class Daemon:
             "usedBytes": self.memory.used(),
             "peers": self.peers,
             "keep": self.keep,
-            "probe": {"path": str(self.memory.root / "probe"), "nonce": self.nonce},
+            "socket": str(fdpass.socket_path(self.memory.root)),
+            "probe": {"nonce": self.nonce},
         }
 
-    def inventory(self, job: str | None) -> dict[str, Any]:
-        found = self.memory.manifests(job) + self.disk.manifests(job)
+    def hand_out(self, request: dict[str, Any]) -> fdpass.Answer:
+        """A request on the daemon's socket (``fdpass``): the job's token opens the job's own
+        buffers and shards only."""
+        job = names.job(str(request.get("job", "")))
+        self.authorized(f"Bearer {request.get('token', '')}", (credentials.JOB, job))
+        match request.get("open"):
+            case "probe":
+                return {"nonce": self.nonce}, None
+            case "buffer":
+                fd = self.memory.open_buffer(job, str(request.get("buffer", "")))
+                return {"size": os.fstat(fd).st_size}, fd
+            case "shard":
+                rank = names.rank(request.get("rank", ""))
+                step = names.step(request.get("step", ""))
+                started = time.perf_counter()
+                record, fd = self.memory.open_shard(job, rank, step)
+                metrics.observe(MEMORY, metrics.RESTORE, record.size, time.perf_counter() - started)
+                return record.to_json(), fd
+        raise errors.InvalidNameError(f"open {request.get('open')!r}: probe, buffer or shard")
+
+    def inventory(self, job: str | None, uri: str | None = None) -> dict[str, Any]:
+        """Shards held in tiers 1 and 2, and with `uri` (a job's own) its tier-3 ones."""
+        disk = [m for m in self.disk.manifests(job) if m.tier == LOCAL]
+        found = self.memory.manifests(job) + disk
+        refused: dict[str, str] = {}
+        if uri and job:
+            try:
+                found += self.persistent(uri).manifests(job)
+            except errors.InvalidNameError as err:  # tiers 1 and 2 are still worth having
+                refused["persistentError"] = str(err)
         shards = [h.to_json() for m in found for h in manifest.holdings(m)]
-        return {"node": self.node, "shards": shards}
+        return {"node": self.node, "shards": shards, **refused}
 
     # --- saves ---
 
@@ -737,7 +765,8 @@ class Handler(BaseHTTPRequestHandler):
                 self._json(daemon.info())
             case "GET", ["v1", "inventory"]:
                 job = query.get("job")
-                self._json(daemon.inventory(names.job(job) if job else None))
+                uri = query.get("uri")
+                self._json(daemon.inventory(names.job(job) if job else None, uri))
             case "POST", ["v1", "peers"]:
                 daemon.peers = [str(p) for p in self._body()["peers"]]
                 self._json({"peers": daemon.peers})
@@ -835,14 +864,7 @@ class Handler(BaseHTTPRequestHandler):
             case "PUT", "shard":
                 self._upload(job, rank, step)
             case "GET", "shard":
-                self._send_shard(job, rank, step, query.get("tier", MEMORY))
-            case "GET", "path":
-                started = time.perf_counter()
-                record, path = daemon.memory.acquire(job, rank, step)
-                daemon.memory.unbusy(record.buffer)
-                seconds = time.perf_counter() - started
-                metrics.observe(MEMORY, metrics.RESTORE, record.size, seconds)
-                self._json({"path": str(path), **record.to_json()})
+                self._send_shard(job, rank, step, query.get("tier", MEMORY), query.get("uri"))
             case "GET", "status":
                 wait = min(float(query.get("wait", "0")), MAX_WAIT)
                 if not 0 <= wait <= MAX_WAIT:  # NaN
@@ -870,14 +892,18 @@ class Handler(BaseHTTPRequestHandler):
         stored = options.record(rank, size, record.checksum, record.buffer)
         self._json(daemon.stored(job, rank, step, stored, options, started))
 
-    def _send_shard(self, job: str, rank: int, step: int, tier: str) -> None:
+    def _send_shard(
+        self, job: str, rank: int, step: int, tier: str, uri: str | None = None
+    ) -> None:
         daemon = self.server.daemon
         if tier == MEMORY:
             record, path = daemon.memory.acquire(job, rank, step)
         elif tier == LOCAL:
             record, path = daemon.disk.locate(job, rank, step)
+        elif tier == PERSISTENT:
+            record, path = daemon.persistent(uri).locate(job, rank, step)
         else:
-            raise ValueError(f"tier {tier!r}: memory or local")
+            raise ValueError(f"tier {tier!r}: memory, local or persistent")
         started = time.perf_counter()
         try:
             with open(path, "rb") as file:
@@ -999,6 +1025,7 @@ class Server(ThreadingHTTPServer):
         per_client: int | None = None,
         header_timeout: float = HEADER_TIMEOUT,
         min_body_rate: float = MIN_BODY_RATE,
+        fd_socket: bool = True,
     ) -> None:
         self.daemon = daemon  # what the handlers act on
         self.read_timeout = read_timeout  # seconds a connection may send nothing
@@ -1011,6 +1038,17 @@ class Server(ThreadingHTTPServer):
         self._served: dict[str, int] = {}  # client address -> connections it holds
         self._health: set[str] = set()  # client addresses holding a health slot
         super().__init__(address, Handler)
+        # A trainer on the node gets its own buffers' files here (``fdpass``); None: HTTP only.
+        self.fds = (
+            fdpass.FdServer(fdpass.socket_path(daemon.memory.root), daemon.hand_out)
+            if fd_socket
+            else None
+        )
+
+    def server_close(self) -> None:
+        super().server_close()
+        if self.fds is not None:
+            self.fds.close()
 
     def process_request(self, request: Any, client_address: Any) -> None:
         """A thread for the connection if a slot is free for it (or a health slot); else 503

@@ -394,6 +394,25 @@ class MemoryTier:
             self._buffers[held.record.buffer].busy += 1
             return held.record, self.path(held.record.buffer)
 
+    def open_buffer(self, job: str, buffer_id: str) -> int:
+        """The buffer's file opened for writing, for the trainer of `job` that reserved it
+        (``fdpass``): a buffer of another job, or one not being written, is not found."""
+        with self._lock:
+            buffer = self._buffers.get(buffer_id)
+            if buffer is None or buffer.owner is None or buffer.owner[0] != job:
+                raise errors.NotFoundError(f"{job} holds no buffer {buffer_id!r}", 404)
+            if buffer.state != STAGING:
+                raise errors.NotFoundError(f"buffer {buffer_id!r} is not being written", 409)
+            return os.open(self.path(buffer_id), os.O_RDWR)
+
+    def open_shard(self, job: str, rank: int, step: int) -> tuple[manifest.ShardRecord, int]:
+        """A held shard's file opened read-only, for a trainer of `job` (``fdpass``)."""
+        record, path = self.acquire(job, rank, step)
+        try:
+            return record, os.open(path, os.O_RDONLY)
+        finally:
+            self.unbusy(record.buffer)
+
     def busy(self, buffer_id: str) -> Path:
         with self._lock:
             self._buffers[buffer_id].busy += 1
