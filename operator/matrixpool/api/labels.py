@@ -54,6 +54,7 @@ ENV_NODE_IP = "MATRIXPOOL_NODE_IP"  # status.hostIP: where the node's daemon lis
 ENV_POD_IP = "MATRIXPOOL_POD_IP"  # status.podIP: where an inference pod serves (and /metrics)
 ENV_ROLE = "MATRIXPOOL_ROLE"  # an inference pod's role name, e.g. prefill or decode
 ENV_DAEMON = "MATRIXPOOL_CKPT_DAEMON"  # "$(MATRIXPOOL_NODE_IP):<port>": the node's daemon
+ENV_SOCKET = "MATRIXPOOL_CKPT_SOCKET"  # the node daemon's Unix socket, as the pod mounts it
 ENV_ANNOTATIONS_FILE = "MATRIXPOOL_ANNOTATIONS_FILE"  # the pod's annotations, kept current
 POD_INFO_MOUNT = "/var/run/matrixpool/pod"  # downward-API files "annotations" and "labels"
 DAEMON_PORT = 7040  # the chart's checkpointDaemon.port (operator env MATRIXPOOL_CKPT_DAEMON_PORT)

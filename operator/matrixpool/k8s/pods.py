@@ -26,17 +26,22 @@ import copy
 import functools
 import json
 import os
+import posixpath
+import threading
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import structlog
 import tenacity
 
 from matrixpool.api import labels
 from matrixpool.k8s import client as k8s_client
 from matrixpool.k8s import convert
 from matrixpool.placement import gangs
+from matrixpool_recovery import fdpass
 
 NODE_ANNOTATION = convert.NODE_ANNOTATION
 CONCURRENCY = 32  # API calls in flight at once for one batch
@@ -46,6 +51,13 @@ PACE_VARIABLE = "MATRIXPOOL_BIND_PACE_SECONDS"
 T = TypeVar("T")
 TRAINING_JOB = "TrainingJob"  # the kind whose pods get the training contract
 DAEMON_PORT_VARIABLE = "MATRIXPOOL_CKPT_DAEMON_PORT"  # the chart's checkpointDaemon.port
+log = structlog.get_logger(__name__)
+SOCKET_VOLUME = "matrixpool-checkpoint-socket"  # the only hostPath a trainer pod gets
+ENFORCE = "pod-security.kubernetes.io/enforce"  # a namespace's Pod Security level label
+NO_HOST_PATH = frozenset({"baseline", "restricted"})  # levels that refuse every hostPath
+LEVEL_SECONDS = 30.0  # how long a namespace's level is taken as read
+_levels: dict[str, tuple[str, float]] = {}  # namespace -> (level, monotonic time read)
+_levels_lock = threading.Lock()
 MEMORY_PATH_VARIABLE = "MATRIXPOOL_CKPT_MEMORY_PATH"  # the chart's checkpointDaemon.memoryPath
 PERSISTENT_PATH_VARIABLE = "MATRIXPOOL_CKPT_PERSISTENT_PATH"  # its persistentPath (tier 3)
 CLUSTER_DOMAIN_VARIABLE = "MATRIXPOOL_CLUSTER_DOMAIN"  # the chart's clusterDomain
@@ -92,9 +104,8 @@ class TrainingContract:
     incarnation: int  # the run a rank that restores nothing starts as
     checkpoint: str = "{}"  # the job's spec.checkpoint as JSON ("{}": it saves none)
     daemon_port: int = labels.DAEMON_PORT  # the node daemons' port (on the node's address)
-    memory_path: str = labels.MEMORY_PATH  # the daemons' tier-1 folder on every node
-    persistent_path: str = ""  # tier 3's shared folder, mounted read-only when the job's
-    # persistent URI lies inside it (a restoring trainer reads tier 3 itself); "": none
+    memory_path: str = labels.MEMORY_PATH  # the daemons' tier-1 folder on every node: the pod
+    # mounts only its socket's folder (``matrixpool_recovery.fdpass``), read-only
     credential: bool = False  # the operator writes the job's token Secret (it holds the
     # cluster secret): the pod then waits for it, as a kubelet waits for a Secret it must mount
     rendezvous: Rendezvous | None = None  # torchrun's environment and the pod's DNS name
@@ -282,12 +293,14 @@ def _give_training_contract(
     """Identity, rank, world size, run, checkpoint spec, the node daemon's address, the job's
     credential (its Secret, ``matrixpool.k8s.secrets``; optional when the operator writes
     none, so that a cluster without checkpoint daemons still runs the pod), the pod's
-    annotations as a downward-API file kept current (restore, checkpoint request), the
-    daemon's tier-1 folder and, read-only, tier 3's shared folder. Entries of the template
-    with these names are replaced; the user's other env and volumes stay."""
+    annotations as a downward-API file kept current (restore, checkpoint request) and,
+    read-only, the folder of the node daemon's socket, the pod's only way to the files of its
+    own job's tier-1 buffers (no folder of the daemon's, no tier-3 folder: tier 3 is read
+    through the daemon). Entries of the template with these names are replaced; the user's
+    other env and volumes stay."""
     credential = "matrixpool-checkpoint-credential"
     info = "matrixpool-pod-info"
-    memory = "matrixpool-checkpoint-memory"
+    socket = SOCKET_VOLUME
     secret = {
         "secretName": labels.credential_secret(training.job_uid),
         "optional": not training.credential,
@@ -298,25 +311,19 @@ def _give_training_contract(
             {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}},
         ]
     }
-    persistent = "matrixpool-checkpoint-persistent"
+    socket_folder = posixpath.join(training.memory_path, fdpass.SOCKET_DIR)
     ours: dict[str, dict[str, Any]] = {
         credential: {"secret": secret},
         info: {"downwardAPI": pod_info},
-        memory: {"hostPath": {"path": training.memory_path, "type": "DirectoryOrCreate"}},
+        socket: {"hostPath": {"path": socket_folder, "type": "DirectoryOrCreate"}},
     }
-    if training.persistent_path:
-        ours[persistent] = {
-            "hostPath": {"path": training.persistent_path, "type": "DirectoryOrCreate"}
-        }
     volumes = [v for v in spec.get("volumes", []) if v.get("name") not in ours]
     spec["volumes"] = [*volumes, *({"name": n, **v} for n, v in ours.items())]
     mounts: dict[str, dict[str, Any]] = {
         credential: {"mountPath": labels.CREDENTIAL_MOUNT, "readOnly": True},
         info: {"mountPath": labels.POD_INFO_MOUNT, "readOnly": True},
-        memory: {"mountPath": training.memory_path},
+        socket: {"mountPath": socket_folder, "readOnly": True},
     }
-    if training.persistent_path:
-        mounts[persistent] = {"mountPath": training.persistent_path, "readOnly": True}
     kept = [m for m in container.get("volumeMounts", []) if m.get("name") not in mounts]
     container["volumeMounts"] = [*kept, *({"name": n, **m} for n, m in mounts.items())]
 
@@ -330,6 +337,7 @@ def _give_training_contract(
         labels.ENV_INCARNATION: field(f"metadata.annotations['{labels.INCARNATION}']"),
         labels.ENV_NODE_IP: field("status.hostIP"),
         labels.ENV_DAEMON: {"value": f"$({labels.ENV_NODE_IP}):{training.daemon_port}"},
+        labels.ENV_SOCKET: {"value": posixpath.join(socket_folder, fdpass.SOCKET_NAME)},
         labels.ENV_TOKEN_FILE: {"value": f"{labels.CREDENTIAL_MOUNT}/{labels.CREDENTIAL_KEY}"},
         labels.ENV_ANNOTATIONS_FILE: {"value": f"{labels.POD_INFO_MOUNT}/annotations"},
         labels.ENV_CHECKPOINT: {"value": training.checkpoint},
@@ -426,6 +434,47 @@ async def gather_outcomes(calls: Iterable[Callable[[], object]]) -> list[Outcome
     return await gather_limited(outcome(c) for c in calls)
 
 
+def for_pod_security(pod: Mapping[str, Any], level: str) -> dict[str, Any]:
+    """The pod as a namespace of Pod Security ``level`` admits it: under ``baseline`` and
+    ``restricted`` without the daemon's socket folder (a hostPath), so that its trainer saves
+    and restores over HTTP instead (``matrixpool_recovery.client``); unchanged otherwise. What
+    the user's template asks for is left as it is, for the admission to judge."""
+    if level not in NO_HOST_PATH:
+        return dict(pod)
+    admitted: dict[str, Any] = copy.deepcopy(dict(pod))
+    spec = admitted.get("spec", {})
+    spec["volumes"] = [v for v in spec.get("volumes", []) if v.get("name") != SOCKET_VOLUME]
+    for container in spec.get("containers", []):
+        mounts = container.get("volumeMounts", [])
+        container["volumeMounts"] = [m for m in mounts if m.get("name") != SOCKET_VOLUME]
+        env = container.get("env", [])
+        container["env"] = [e for e in env if e.get("name") != labels.ENV_SOCKET]
+    return admitted
+
+
+def pod_security_level(api: k8s_client.Api, namespace: str) -> str:
+    """The namespace's enforced Pod Security level (its label; "" when unset or unreadable),
+    read at most every ``LEVEL_SECONDS``."""
+    now = time.monotonic()
+    with _levels_lock:
+        cached = _levels.get(namespace)
+    if cached is not None and now - cached[1] < LEVEL_SECONDS:
+        return cached[0]
+    try:
+        found = api.core.read_namespace(namespace)
+        level = str((found.metadata.labels or {}).get(ENFORCE, ""))
+    except Exception as error:  # a namespace we may not read: create as asked
+        log.debug("pod security level unknown", namespace=namespace, error=str(error))
+        level = ""
+    with _levels_lock:
+        _levels[namespace] = (level, now)
+    return level
+
+
+def admitted(api: k8s_client.Api, body: Mapping[str, Any]) -> dict[str, Any]:
+    return for_pod_security(body, pod_security_level(api, body["metadata"]["namespace"]))
+
+
 async def create(pods: Sequence[Mapping[str, Any]]) -> None:
     """Create ``pods``; ones that already exist are fine."""
     api = k8s_client.default_api()
@@ -436,7 +485,7 @@ async def create(pods: Sequence[Mapping[str, Any]]) -> None:
             try:
                 _done(
                     api.core.create_namespaced_pod(
-                        body["metadata"]["namespace"], dict(body), _preload_content=False
+                        body["metadata"]["namespace"], admitted(api, body), _preload_content=False
                     )
                 )
             except Exception as error:
@@ -462,7 +511,7 @@ async def create_reserved(pods: Sequence[Mapping[str, Any]]) -> list[tuple[Any, 
         @retry_but_conflicts
         def create_one() -> Any:
             response = api.core.create_namespaced_pod(
-                body["metadata"]["namespace"], dict(body), _preload_content=False
+                body["metadata"]["namespace"], admitted(api, body), _preload_content=False
             )
             try:
                 return json.loads(response.read())

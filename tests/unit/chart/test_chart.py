@@ -98,7 +98,7 @@ METHOD = re.compile(r"^(create|patch|delete|replace|read|list)_(namespaced_|clus
 VERB = {"create": "create", "patch": "patch", "delete": "delete", "replace": "update"}
 VERB |= {"read": "get", "list": "list"}
 CORE = {"pod": "pods", "pod_binding": "pods/binding", "config_map": "configmaps", "node": "nodes"}
-CORE |= {"secret": "secrets", "service": "services"}
+CORE |= {"secret": "secrets", "service": "services", "namespace": "namespaces"}
 GROUPED = {"lease": ("coordination.k8s.io", "leases")}
 
 

@@ -12,7 +12,6 @@ Called by :mod:`.cycle`. A new gang (no pod yet) is handed on as a
 from __future__ import annotations
 
 import json
-import posixpath
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -249,9 +248,7 @@ def training_contracts(
         incarnation = int(clock.SYSTEM.now().timestamp() * 1000)
     checkpoint = common.to_wire(workload.model.spec.checkpoint)
     checkpoint.pop("graceSeconds", None)  # the operator's business, not the trainer's
-    port, memory_path, persistent_root = pods.daemon_settings()
-    persistent = workload.model.spec.checkpoint.persistent
-    inside = persistent is not None and _inside(persistent.uri, persistent_root)
+    port, memory_path, _ = pods.daemon_settings()
     credential = (
         daemonclient.secret() is not None
     )  # then the job's Secret is written (controllers.credentials)
@@ -265,7 +262,6 @@ def training_contracts(
             checkpoint=json.dumps(checkpoint, sort_keys=True),
             daemon_port=port,
             memory_path=memory_path,
-            persistent_path=persistent_root if inside else "",
             credential=credential,
             rendezvous=pods.Rendezvous(
                 job=workload.name,
@@ -282,14 +278,6 @@ def training_contracts(
         for gang in wanted
         for plan in gang.pods
     }
-
-
-def _inside(uri: str, root: str) -> bool:
-    """Whether a ``file://`` URI lies in the folder ``root``."""
-    if not uri.startswith("file://"):
-        return False
-    path = posixpath.normpath(uri.removeprefix("file://"))
-    return path == root.rstrip("/") or path.startswith(root.rstrip("/") + "/")
 
 
 def _incarnation_of(pod: convert.PodFacts) -> int:

@@ -74,7 +74,7 @@ def test_the_daemon_is_reached_on_the_nodes_address_through_the_downward_api() -
     assert names.index("MATRIXPOOL_NODE_IP") < names.index("MATRIXPOOL_CKPT_DAEMON")
 
 
-def test_the_pod_mounts_its_credential_its_annotations_and_the_daemons_memory() -> None:
+def test_the_pod_mounts_its_credential_its_annotations_and_the_daemons_socket_alone() -> None:
     pod = training_pod()
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     mounts = {m["mountPath"]: m for m in pod["spec"]["containers"][0]["volumeMounts"]}
@@ -83,9 +83,12 @@ def test_the_pod_mounts_its_credential_its_annotations_and_the_daemons_memory() 
     info = volumes[mounts[labels.POD_INFO_MOUNT]["name"]]["downwardAPI"]["items"]
     assert {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}} in info
     assert env_of(pod)["MATRIXPOOL_ANNOTATIONS_FILE"] == f"{labels.POD_INFO_MOUNT}/annotations"
-    memory = volumes[mounts["/dev/shm/mp"]["name"]]
-    assert memory["hostPath"] == {"path": "/dev/shm/mp", "type": "DirectoryOrCreate"}
-    assert not mounts["/dev/shm/mp"].get("readOnly")  # the trainer writes its buffers
+    socket = volumes[mounts["/dev/shm/mp/socket"]["name"]]
+    assert socket["hostPath"] == {"path": "/dev/shm/mp/socket", "type": "DirectoryOrCreate"}
+    assert mounts["/dev/shm/mp/socket"]["readOnly"]  # buffers come as files over the socket
+    assert env_of(pod)["MATRIXPOOL_CKPT_SOCKET"] == "/dev/shm/mp/socket/daemon.sock"
+    host_paths = [v["hostPath"]["path"] for v in volumes.values() if "hostPath" in v]
+    assert host_paths == ["/dev/shm/mp/socket"]  # not the daemon's memory folder, no tier 3
     assert mounts[labels.CREDENTIAL_MOUNT]["readOnly"]
     assert mounts[labels.POD_INFO_MOUNT]["readOnly"]
 
@@ -159,22 +162,30 @@ def test_a_gang_with_no_live_pod_starts_a_new_run() -> None:
     assert json.loads(told) == {"memory": {"everySteps": 2, "peerReplicas": 1}}
 
 
-def test_tier_3_is_mounted_read_only_when_the_jobs_uri_lies_in_the_daemons_shared_folder(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv("MATRIXPOOL_CKPT_PERSISTENT_PATH", "/mnt/shared")
-    inside = worlds.job("in", 1, checkpoint=True)
-    outside = worlds.job("out", 1, checkpoint=True)
-    for job, uri in ((inside, "file:///mnt/shared/in"), (outside, "file:///elsewhere/out")):
-        assert isinstance(job.model, trainingjob.TrainingJob)
-        job.model.spec.checkpoint.persistent = trainingjob.PersistentTier(every_steps=5, uri=uri)
-    [told] = gangpods.training_contracts(inside, [gang_of(inside)], {}).values()
-    assert told.persistent_path == "/mnt/shared"
-    [other] = gangpods.training_contracts(outside, [gang_of(outside)], {}).values()
-    assert other.persistent_path == ""  # the user's own mount, if any
-    pod = pods.manifest(plan(), {}, OWNER, worlds.CARDS, told)
-    mounts = {m["mountPath"]: m for m in pod["spec"]["containers"][0]["volumeMounts"]}
-    assert mounts["/mnt/shared"]["readOnly"] is True
+@pytest.mark.parametrize("level", ["baseline", "restricted"])
+def test_a_namespace_that_refuses_host_paths_gets_the_pod_without_the_socket(level: str) -> None:
+    template = {
+        "spec": {
+            "volumes": [{"name": "data", "hostPath": {"path": "/data"}}],
+            "containers": [
+                {"name": "t", "image": "trainer:1", "env": [{"name": "A", "value": "1"}]}
+            ],
+        }
+    }
+    pod = training_pod(template)
+
+    admitted = pods.for_pod_security(pod, level)
+
+    volumes = {v["name"] for v in admitted["spec"]["volumes"]}
+    assert pods.SOCKET_VOLUME not in volumes
+    assert "data" in volumes  # the user's own hostPath stays, for the admission to refuse
+    [container] = admitted["spec"]["containers"]
+    assert pods.SOCKET_VOLUME not in {m["name"] for m in container["volumeMounts"]}
+    assert "MATRIXPOOL_CKPT_SOCKET" not in env_of(admitted)
+    assert env_of(admitted)["MATRIXPOOL_CKPT_DAEMON"] == env_of(pod)["MATRIXPOOL_CKPT_DAEMON"]
+    assert pods.for_pod_security(pod, "privileged") == pod
+    assert pods.for_pod_security(pod, "") == pod
+    assert pods.SOCKET_VOLUME in {v["name"] for v in pod["spec"]["volumes"]}  # not changed
 
 
 def test_an_inference_pod_is_told_its_role_and_its_own_address() -> None:
