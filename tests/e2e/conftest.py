@@ -19,6 +19,7 @@ from tests.integration.conftest import namespace  # noqa: F401 -- a fixture of t
 
 SHAPE = topology.Shape(supernodes=2, nodes_per_supernode=8, nodes_per_rack=4)
 TORCH_PYTHON = Path(__file__).parents[2] / ".venv-torch" / "bin" / "python"
+DEVICE_PLUGIN = ("devicePlugin.enabled=true",)
 
 
 @pytest.fixture(scope="session")
@@ -31,7 +32,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[framework.Test
 def installed(
     cluster: framework.TestCluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[chart.Installed]:
-    """The chart installed with charts/matrixpool/ci/local-values.yaml, the sim running its pods."""
+    """The chart installed with charts/matrixpool/ci/local-values.yaml and the device plugin's
+    DaemonSet, the sim running its pods. The sim's nodes have no kubelet device-plugins folder:
+    the plugin's pods wait for their hostPath (FailedMount) and run no process, but they are
+    there to bind the plugin's tokens to (its ServiceAccount and policy)."""
     python = str(TORCH_PYTHON) if TORCH_PYTHON.exists() else sys.executable
     folder = tmp_path_factory.mktemp("sim") / "sim"
-    yield from chart.installed_for_session(cluster, folder, python=python)
+    yield from chart.installed_for_session(cluster, folder, python=python, sets=DEVICE_PLUGIN)

@@ -2,7 +2,8 @@
 run by the sim's process kubelet, carry a TrainingJob made from examples/trainingjob-elastic.yaml
 through a node failure (SpareSwap from the peer copy), a crashed trainer (InPlace), the loss of
 every daemon of its supernode (Reschedule from tier 3) and a killed operator (restarted by its
-kubelet), and run another to completion (Succeeded)."""
+kubelet), and run another to completion (Succeeded). The identities of the chart's announcers and
+device plugins write only what their admission policies allow (issue 31, findings 6 and 7)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,17 @@ import signal
 import ssl
 import urllib.error
 import urllib.request
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import kubernetes
 import yaml
 
 from matrixpool.api import labels
 from matrixpool.devcluster import certs, trainer
+from matrixpool.deviceplugin import kube, pairing
+from matrixpool.k8s import client as k8s_client
 from matrixpool.k8s import daemonleases
 from tests.integration import framework
 from tests.integration.chart import REPO, SHARED, SYSTEM, Installed
@@ -363,3 +369,156 @@ def test_an_announcer_writes_its_own_nodes_lease_only(installed: Installed) -> N
         assert expected in said, said
     endpoints = framework.daemon_endpoints(cluster, SYSTEM)  # the real announcers still write
     assert endpoints[theirs] == f"{other['status']['hostIP']}:{installed.ports['daemon']}"
+
+
+def _card_less_pod(name: str, node: str) -> dict[str, Any]:
+    """A pod bound to ``node`` that kwok runs (not the matrixpool image): the plugin's target."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": name}, "annotations": {"note": "kept"}},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "pause"}]},
+    }
+
+
+def _as(cluster: framework.TestCluster, token: str, folder: Path) -> k8s_client.Api:
+    """API clients that present ``token``, as the plugin's in-cluster config does."""
+    ca = certs.paths(cluster.local.folder / "pki").ca_cert
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "c",
+                "cluster": {
+                    "server": cluster.local.status()["server"],
+                    "certificate-authority": str(ca),
+                },
+            }
+        ],
+        "users": [{"name": "u", "user": {"token": token}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "c",
+    }
+    path = folder / f"kubeconfig-{len(list(folder.glob('kubeconfig-*')))}"
+    path.write_text(json.dumps(config))
+    return k8s_client.from_kubeconfig(path)
+
+
+def _refused(call: Callable[[], Any]) -> tuple[int, str]:
+    """(200, "") if ``call`` passes, else the API's status code and message."""
+    try:
+        call()
+    except kubernetes.client.ApiException as error:
+        return int(error.status), str(json.loads(error.body).get("message"))
+    return 200, ""
+
+
+def test_the_device_plugin_marks_the_pods_of_its_own_node_only(
+    installed: Installed, namespace: str, tmp_path: Path
+) -> None:
+    """Issue 31, finding 7: the device plugin's own ServiceAccount may list and patch pods
+    cluster-wide (RBAC cannot bound either to a node); the chart's policy narrows the patch to
+    pods bound to its node (the node claim of a token bound to its pod, as its kubelet mounts
+    it) and to its mark. The plugin's code (kube.KubeCluster) lists its node's pods and marks
+    one; the same identity cannot mark a pod of another node, change a pod's image, labels or
+    other annotations, create or delete a pod (refused by RBAC, and by the policy should an
+    admin grant more), nor write with a token bound to nothing. Refusals are dry runs."""
+    cluster, nodes = installed.cluster, installed.cluster.shape.node_count
+    plugins = framework.eventually(
+        lambda: (found := installed.pods("device-plugin")) and len(found) == nodes and found,
+        timeout=60,
+        what="a device plugin pod on every node",
+    )
+    mine = plugins[0]
+    node, account, meta = (
+        mine["spec"]["nodeName"],
+        mine["spec"]["serviceAccountName"],
+        mine["metadata"],
+    )
+    theirs = next(p["spec"]["nodeName"] for p in plugins if p["spec"]["nodeName"] != node)
+    for name, on in (("here", node), ("there", theirs)):
+        cluster.kubectl(
+            "create", "-n", namespace, "-f", "-", input=json.dumps(_card_less_pod(name, on))
+        )
+
+    def token(*bound: str) -> str:
+        return cluster.kubectl("create", "token", account, "-n", SYSTEM, *bound).stdout.strip()
+
+    bound = (
+        "--bound-object-kind=Pod",
+        f"--bound-object-name={meta['name']}",
+        f"--bound-object-uid={meta['uid']}",
+    )
+    api, unbound = _as(cluster, token(*bound), tmp_path), _as(cluster, token(), tmp_path)
+
+    # 1. What the plugin does: list its node's pods, read its Node, mark the pod it allocated.
+    plugin = kube.KubeCluster(api, node, "huawei.com/Ascend910")
+    pods = {p.key: p for p in plugin.pods()}
+    assert f"{namespace}/here" in pods
+    assert f"{namespace}/there" not in pods
+    assert api.core.list_node(field_selector=f"metadata.name={node}").items
+    plugin.mark_allocated(pods[f"{namespace}/here"], frozenset({0, 1}))
+    here = cluster.api.core.read_namespaced_pod("here", namespace)
+    assert here.metadata.annotations == {"note": "kept", pairing.ALLOCATED: "0,1"}
+
+    # 2. Anything else is refused, by the policy.
+    def patch(client: k8s_client.Api, name: str, body: dict[str, Any]) -> tuple[int, str]:
+        return _refused(
+            lambda: client.core.patch_namespaced_pod(name, namespace, body, dry_run="All")
+        )
+
+    mark = {"metadata": {"annotations": {pairing.ALLOCATED: "2"}}}
+    only = "allocated-cards annotation only"
+    for (status, said), expected in (
+        (patch(api, "there", mark), f"a device plugin on node {node} writes pods bound to {node}"),
+        (
+            patch(api, "here", {"spec": {"containers": [{"name": "c", "image": "other"}]}}),
+            f"{only}, not the spec",
+        ),
+        (patch(api, "here", {"metadata": {"labels": {"app": "x"}}}), f"{only}, not the labels"),
+        (
+            patch(
+                api,
+                "here",
+                {"metadata": {"annotations": {"note": None, **mark["metadata"]["annotations"]}}},
+            ),
+            f"{only}, not the other annotations",
+        ),
+        (patch(unbound, "here", mark), "with a token bound to a pod on its node"),
+    ):
+        assert status == 403, said
+        assert expected in said, said
+    assert patch(api, "here", mark) == (200, "")
+
+    # 3. Creating and deleting pods: RBAC refuses; the policy too, should RBAC allow them.
+    def create() -> tuple[int, str]:
+        body = _card_less_pod("new", node)
+        return _refused(lambda: api.core.create_namespaced_pod(namespace, body, dry_run="All"))
+
+    def delete() -> tuple[int, str]:
+        return _refused(lambda: api.core.delete_namespaced_pod("here", namespace, dry_run="All"))
+
+    for (status, said), verb in ((create(), "create"), (delete(), "delete")):
+        assert status == 403, said
+        assert f'cannot {verb} resource "pods"' in said, said
+    grant = f"{namespace}-grant"
+    cluster.kubectl("create", "clusterrole", grant, "--verb=create,delete", "--resource=pods")
+    try:
+        cluster.kubectl(
+            "create",
+            "clusterrolebinding",
+            grant,
+            f"--clusterrole={grant}",
+            f"--serviceaccount={SYSTEM}:{account}",
+        )
+        refusal = "the device plugin updates pods only; it creates and deletes none"
+        for attempt in (create, delete):
+            framework.eventually(
+                lambda attempt=attempt: refusal in attempt()[1],
+                timeout=30,
+                what="the policy's refusal once RBAC allows",
+            )
+    finally:
+        cluster.kubectl("delete", "clusterrolebinding", grant, check=False)
+        cluster.kubectl("delete", "clusterrole", grant, check=False)

@@ -36,6 +36,7 @@ class Installed:
     ports: dict[str, int]
     extra_env: dict[str, str]
     operator_node: str | None = None  # nodeSelector of the operator (one no test breaks)
+    sets: tuple[str, ...] = ()  # further --set values of the suite (e.g. the device plugin)
 
     def pods(self, component: str | None = None) -> list[dict[str, Any]]:
         selector = f"app.kubernetes.io/instance={RELEASE}"
@@ -114,6 +115,8 @@ class Installed:
                 ]
             ),
         ]
+        for value in self.sets:
+            args += ["--set", value]
         entries = [{"name": k, "value": v} for k, v in sorted(self.extra_env.items())]
         args += ["--set-json", f"operator.extraEnv={json.dumps(entries)}"]
         if self.operator_node:
@@ -128,19 +131,21 @@ def install(
     nodes: int,
     operator_node: str | None = None,
     python: str = sys.executable,
+    sets: tuple[str, ...] = (),
 ) -> Installed:
     """``helm install matrixpool charts/matrixpool -n matrixpool-system -f values-local.yaml``
     (ports picked free: other clusters may run on this machine), then the sim as the nodes'
     kubelet; returns once every one of ``nodes`` announced its daemon and the operator runs.
     ``operator_node``: where the operator runs (a node the tests never take down: an operator
     on a node that goes NotReady stays down until its pod is evicted, 5 minutes later, as on
-    a real cluster). ``python``: the Python the sim runs from, and every pod with it."""
+    a real cluster). ``python``: the Python the sim runs from, and every pod with it.
+    ``sets``: further ``--set`` values, kept for every later ``helm upgrade``."""
     daemon, metrics, health = devcluster.free_ports(3)
     sim = framework.Sim(
         cluster, folder, port=daemon, daemons="chart", shared_paths=(SHARED,), python=python
     )
     ports = {"daemon": daemon, "metrics": metrics, "health": health}
-    release = Installed(cluster, sim, ports, {}, operator_node)
+    release = Installed(cluster, sim, ports, {}, operator_node, sets)
     cluster.kubectl("create", "namespace", SYSTEM)
     cluster.helm("install", RELEASE, str(CHART), "-n", SYSTEM, *release.helm_args())
     sim.start()
@@ -172,10 +177,11 @@ def installed_for_session(
     folder: Path,
     operator_node: str | None = None,
     python: str = sys.executable,
+    sets: tuple[str, ...] = (),
 ) -> Iterator[Installed]:
     """:func:`install` for a session fixture; the sim stopped and its log printed after."""
     nodes = cluster.shape.node_count
-    release = install(cluster, folder, nodes, operator_node=operator_node, python=python)
+    release = install(cluster, folder, nodes, operator_node=operator_node, python=python, sets=sets)
     try:
         yield release
     finally:

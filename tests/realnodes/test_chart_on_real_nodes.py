@@ -1,5 +1,6 @@
-"""The chart on real nodes: the operator and the checkpoint daemons run in containers with the
-chart's security context, and the device plugin puts the cards on the real nodes."""
+"""The chart on real nodes: the operator, the checkpoint daemons and the device plugin run in
+containers with the chart's security context, and the device plugin puts the cards on the real
+nodes."""
 
 from __future__ import annotations
 
@@ -47,6 +48,39 @@ def test_operator_and_daemons_run_in_containers_as_the_chart_says(
         spec = next(c for c in pod["spec"]["containers"] if c["name"] == container)
         assert spec["securityContext"]["readOnlyRootFilesystem"] is True
         assert spec["securityContext"]["runAsNonRoot"] is True
+
+
+def test_the_device_plugin_runs_alone_as_root_without_capabilities_or_a_writable_root(
+    installed: framework.TestCluster,
+) -> None:
+    """Issue 31, finding 7: the plugin is a DaemonSet of its own (the daemons' pods hold the
+    daemon and the announcer only), under its own ServiceAccount; root for the kubelet's
+    folder, with no effective capability and a read-only root file system."""
+    plugins = framework.eventually(
+        lambda: (
+            (found := running(installed, "device-plugin")) and len(found) == REAL_NODES and found
+        ),
+        timeout=300,
+        what="a running device plugin pod on every real node",
+    )
+    for daemon in running(installed, "checkpoint-daemon"):
+        assert [c["name"] for c in daemon["spec"]["containers"]] == ["daemon", "announce"]
+    probe = (
+        "import os, errno\n"
+        "caps = next(l.split()[1] for l in open('/proc/self/status') if l.startswith('CapEff:'))\n"
+        "try:\n"
+        "    open('/probe', 'w')\n"
+        "    print(os.getuid(), caps, 'writable')\n"
+        "except OSError as e:\n"
+        "    print(os.getuid(), caps, errno.errorcode[e.errno])\n"
+    )
+    for pod in plugins:
+        assert pod["spec"]["serviceAccountName"] == "matrixpool-device-plugin"
+        name = pod["metadata"]["name"]
+        out = installed.kubectl(
+            "exec", "-n", SYSTEM, name, "-c", "device-plugin", "--", "python", "-c", probe
+        )
+        assert out.stdout.split() == ["0", "0000000000000000", "EROFS"], (name, out.stdout)
 
 
 def test_the_device_plugin_registers_the_cards_of_every_real_node(

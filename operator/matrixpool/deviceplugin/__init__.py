@@ -1,6 +1,6 @@
 """The kubelet device plugin of matrixpool's cards (device plugin API v1beta1, gRPC), run on
-every accelerator node by the chart's checkpoint DaemonSet (``devicePlugin.enabled``) as
-``python -m matrixpool.deviceplugin``.
+every accelerator node by the chart's device plugin DaemonSet (``devicePlugin.enabled``) as
+``python -m matrixpool.deviceplugin``, under a ServiceAccount of its own.
 
 It advertises ``cardsPerNode`` cards as devices ``"0".."N-1"`` of the extended resource the
 SuperNodes count (``cardResource``), unhealthy when the node's annotation

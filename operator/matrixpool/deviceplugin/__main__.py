@@ -1,5 +1,5 @@
 """``python -m matrixpool.deviceplugin``: the kubelet device plugin of one node, as the chart's
-checkpoint DaemonSet runs it (container ``device-plugin``, when ``devicePlugin.enabled``).
+device plugin DaemonSet runs it (container ``device-plugin``, when ``devicePlugin.enabled``).
 Runs until SIGTERM or SIGINT.
 """
 

@@ -5,7 +5,9 @@ allocated, and the node's ``matrixpool.dev/unhealthy-cards`` annotation.
 :class:`KubeCluster` is the real one, used by ``python -m matrixpool.deviceplugin``: a fresh
 pod list (field selector ``spec.nodeName``) for every pairing, since the kubelet has just seen
 the pod it admits; the node's annotation kept current by a watch of that one Node.
-RBAC: pods list and patch, nodes list and watch (the chart's device plugin ClusterRole).
+RBAC: pods list and patch, nodes list and watch (the chart's device plugin ClusterRole); the
+chart's devicePluginPolicy admits the patch only on a pod of this node, changing nothing but
+:data:`pairing.ALLOCATED`.
 
 Errors: the API's (``kubernetes.client.ApiException``, urllib3's), raised by :meth:`pods` and
 :meth:`mark_allocated` for the caller to log; the node watch logs and retries its own.

@@ -99,6 +99,7 @@ VERB = {"create": "create", "patch": "patch", "delete": "delete", "replace": "up
 VERB |= {"read": "get", "list": "list"}
 CORE = {"pod": "pods", "pod_binding": "pods/binding", "config_map": "configmaps", "node": "nodes"}
 CORE |= {"secret": "secrets", "service": "services", "namespace": "namespaces"}
+CORE |= {"pod_for_all_namespaces": "pods"}  # the device plugin's list (deviceplugin/kube.py)
 GROUPED = {"lease": ("coordination.k8s.io", "leases")}
 
 

@@ -36,7 +36,6 @@ from matrixpool.deviceplugin import (
     service,
 )
 from matrixpool.k8s import client as k8s_client
-from tests.unit.chart import test_chart as chart
 
 RESOURCE = "huawei.com/Ascend910"
 CARDS = 8
@@ -545,63 +544,3 @@ def test_the_entry_point_refuses_a_node_without_name_or_cards(
     monkeypatch.delenv("NODE_NAME", raising=False)
     assert __main__.main([]) == 2
     assert __main__.main(["--node", "node-0", "--cards", "0"]) == 2
-
-
-# --- the chart --------------------------------------------------------------------------------
-
-PLUGIN_ON = ("checkpointDaemon.enabled=true", "devicePlugin.enabled=true")
-
-
-def test_the_chart_runs_the_plugin_only_when_asked_for(helm: chart.Helm) -> None:
-    spec = chart.only(helm.render(PLUGIN_ON[0]), "DaemonSet")["spec"]["template"]["spec"]
-    assert "device-plugin" not in [c["name"] for c in spec["containers"]]
-
-
-def test_the_chart_runs_the_plugin_as_root_without_capabilities_on_the_kubelets_folder(
-    helm: chart.Helm,
-) -> None:
-    manifests = helm.render(*PLUGIN_ON, "devicePlugin.healthFile=/run/matrixpool/bad-cards")
-    spec = chart.only(manifests, "DaemonSet")["spec"]["template"]["spec"]
-    [container] = [c for c in spec["containers"] if c["name"] == "device-plugin"]
-    assert container["command"] == ["python", "-m", "matrixpool.deviceplugin"]
-    assert container["args"] == [
-        "--node=$(NODE_NAME)",
-        f"--resource={RESOURCE}",
-        "--cards=8",
-        "--folder=/var/lib/kubelet/device-plugins",
-        "--health-file=/run/matrixpool/bad-cards",
-    ]
-    [env] = container["env"]
-    assert env["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-    security = container["securityContext"]
-    assert (security["runAsUser"], security["readOnlyRootFilesystem"]) == (0, True)
-    assert security["capabilities"] == {"drop": ["ALL"]}
-    assert not security["allowPrivilegeEscalation"]
-    mounts = {m["name"]: m for m in container["volumeMounts"]}
-    volumes = {v["name"]: v for v in spec["volumes"]}
-    assert mounts["device-plugins"]["mountPath"] == "/var/lib/kubelet/device-plugins"
-    assert volumes["device-plugins"]["hostPath"]["path"] == "/var/lib/kubelet/device-plugins"
-    assert mounts["device-health"] == {
-        "name": "device-health",
-        "mountPath": "/run/matrixpool",
-        "readOnly": True,
-    }
-    assert volumes["device-health"]["hostPath"]["path"] == "/run/matrixpool"
-    roles = [m for m in manifests if m["kind"] == "ClusterRole"]  # the operator's is there too
-    [role] = [r for r in roles if r["metadata"]["name"].endswith("-device-plugin")]
-    assert chart.rules_by_resource(role) == {
-        ("", "pods"): {"list", "patch"},
-        ("", "nodes"): {"list", "watch"},
-    }
-    [binding] = [
-        m
-        for m in manifests
-        if m["kind"] == "ClusterRoleBinding" and m["metadata"]["name"].endswith("-device-plugin")
-    ]
-    assert binding["subjects"][0]["name"] == spec["serviceAccountName"]
-
-
-def test_the_chart_refuses_the_plugin_without_the_checkpoint_daemonset(helm: chart.Helm) -> None:
-    result = helm.template("devicePlugin.enabled=true")
-    assert result.returncode != 0
-    assert "checkpointDaemon" in result.stderr
