@@ -13,6 +13,8 @@ For each state size it measures, in one run, the baselines and the data plane:
 * stall: how long ``Checkpointer.save`` blocks the trainer;
 * staged: time until the state is copied and hashed into the daemon's memory (the arrays are
   writable again), and tier-1 save: until the daemon holds it as a committed tier-1 shard;
+* tier-1 save over HTTP: the same rank without the daemon's socket (a pod in a namespace of the
+  ``baseline`` Pod Security level), its shard uploaded; until the daemon holds it;
 * peer: replication of the shard from the node's daemon to a peer daemon (the daemon's clock);
 * restore from peer: a trainer on a spare node (a third daemon with no copy) restoring from the
   peer's memory into its arrays, checksum verified.
@@ -237,6 +239,8 @@ def run_size(size: int, repeat: int, root: Path) -> dict[str, Any]:
     with loopback(total) as port, daemons(root, total + (1 << 30)) as nodes:
         trainer = Checkpointer("bench", 0, 1, nodes["a"], TOKEN, spec=spec)
         spare = Checkpointer("bench", 0, 1, nodes["c"], TOKEN, spec=spec)
+        # The same rank where the daemon's socket is not mounted (a baseline namespace).
+        remote = Checkpointer("bench", 0, 1, nodes["a"], TOKEN, spec=spec, shared_memory=False)
         try:
             for step in range(1, repeat + 2):
                 baselines = {
@@ -247,9 +251,12 @@ def run_size(size: int, repeat: int, root: Path) -> dict[str, Any]:
                 clear(nodes)
                 runs[-1] |= local_save(trainer, step, state)
                 clear(nodes)
+                runs[-1] |= http_save(remote, step, state)
+                clear(nodes)
         finally:
             trainer.close()
             spare.close()
+            remote.close()
     return figures(total, runs)
 
 
@@ -264,6 +271,13 @@ def local_save(trainer: Checkpointer, step: int, state: dict[str, Any]) -> dict[
     return {"local": float(outcome["seconds"]), "verify": float(outcome.get("verifySeconds", 0))}
 
 
+def http_save(remote: Checkpointer, step: int, state: dict[str, Any]) -> dict[str, float]:
+    """A tier-1 save uploaded over HTTP: the trainer's time until the daemon holds it."""
+    handle = remote.save(step, state, tiers=("memory",))
+    handle.wait()
+    return {"tier1_http": handle.times["memory"] - handle.started}
+
+
 def figures(size: int, runs: list[dict[str, float]]) -> dict[str, Any]:
     def ratios(run: dict[str, float]) -> dict[str, float]:
         memcpy, loopback = run["memcpy"], run["loopback"]
@@ -276,6 +290,8 @@ def figures(size: int, runs: list[dict[str, float]]) -> dict[str, Any]:
             "staged_vs_memcpy": memcpy / run["staged"],
             "tier1_save_gbps": gbps(size, run["tier1"]),
             "tier1_save_vs_memcpy": memcpy / run["tier1"],
+            "tier1_http_gbps": gbps(size, run["tier1_http"]),
+            "tier1_http_vs_memcpy": memcpy / run["tier1_http"],
             "peer_gbps": gbps(size, run["peer"]),
             "peer_vs_loopback": loopback / run["peer"],
             "restore_peer_gbps": gbps(size, run["restore"]),

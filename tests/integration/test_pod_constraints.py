@@ -36,12 +36,13 @@ class Pool:
 
     def job(self, name: str, replicas: int, **pod_spec: Any) -> None:
         """A TrainingJob of ``replicas`` × 8 cards on the pool; ``pod_spec`` goes into its
-        template's spec (``resources`` into its container's)."""
+        template's spec (``resources`` into its container's, ``container`` merged into it)."""
         body = manifests.training_job(name).replicas(replicas).cards(8).on(self.name).body
         spec = body["spec"]["template"]["spec"]
         resources = pod_spec.pop("resources", None)
         if resources:
             spec["containers"][0]["resources"] = resources
+        spec["containers"][0].update(pod_spec.pop("container", {}))
         spec.update(pod_spec)
         self.kubectl("apply", "-n", self.namespace, "-f", "-", input=json.dumps(body))
 
@@ -201,3 +202,31 @@ def test_a_cordoned_node_gets_no_new_gang(pool: Pool) -> None:
     assert "3/4 nodes can take a pod: 1 node(s) cordoned" in message, message
     pool.kubectl("uncordon", pool.nodes[1])
     assert pool.bound_nodes("four", 4) == pool.nodes
+
+
+def test_a_baseline_namespace_runs_our_pods_and_refuses_a_privileged_or_host_path_template(
+    pool: Pool,
+) -> None:
+    """Issue 31, finding 1: the namespace's Pod Security admission judges the operator's pods
+    like any other: ours pass ``baseline`` (no hostPath: the trainer saves over HTTP), a
+    template asking for a privileged container or a hostPath is refused, and the gang says so."""
+    pool.kubectl(
+        "label", "namespace", pool.namespace, "pod-security.kubernetes.io/enforce=baseline"
+    )
+    pool.job("plain", 1)
+    pool.bound_nodes("plain", 1)
+    [pod] = pool.pods_of("plain")
+    assert [v["name"] for v in pod["spec"]["volumes"] if "hostPath" in v] == []
+    env = {e["name"] for e in pod["spec"]["containers"][0]["env"]}
+    assert "MATRIXPOOL_CKPT_DAEMON" in env
+    assert "MATRIXPOOL_CKPT_SOCKET" not in env
+
+    privileged = {"securityContext": {"privileged": True}}
+    pool.job("root", 1, container=privileged)
+    message = pool.waiting("root", "PodSecurity")
+    assert 'violates PodSecurity "baseline' in message, message
+    assert "privileged" in message, message
+    assert "Pod Security admission" in pool.warned("root", "PodSecurity")
+    pool.job("host", 1, volumes=[{"name": "all", "hostPath": {"path": "/"}}])
+    assert "hostPath" in pool.waiting("host", "PodSecurity")
+    assert pool.pods_of("root") == pool.pods_of("host") == []

@@ -25,6 +25,8 @@ from matrixpool.state.workloads import Workload
 log = structlog.get_logger(__name__)
 
 FORBIDDEN = "Forbidden"  # the code of a gang whose reservation or Binding RBAC refused
+POD_SECURITY = "PodSecurity"  # the code of a gang whose pods its namespace's level refused
+POD_SECURITY_REFUSAL = "violates PodSecurity"  # in the API server's message then
 
 
 async def finish_half_bound(
@@ -68,7 +70,11 @@ async def finish_half_bound(
                 note_refusal(cycle, workload, key, "bind", outcome)
         for _, key in owners.values():
             reason = cycle.memory.reasons.get(key)
-            if key not in refused and reason is not None and reason.code == FORBIDDEN:
+            if (
+                key not in refused
+                and reason is not None
+                and reason.code in (FORBIDDEN, POD_SECURITY)
+            ):
                 cycle.memory.reasons.pop(key, None)
     return pending
 
@@ -241,13 +247,21 @@ def note_refusal(
     message = k8s_client.forbidden(outcome) if outcome is not None else None
     if message is None:
         return
-    reason = model.Reason(
-        FORBIDDEN,
-        f"the API server refused to {step} its pods: {message} (the operator's "
-        "ServiceAccount lacks a rule of the chart's ClusterRole)",
-    )
+    if POD_SECURITY_REFUSAL in message:  # the namespace's level, not our RBAC: the template
+        reason = model.Reason(
+            POD_SECURITY,
+            f"the namespace's Pod Security admission refused to {step} its pods: {message} "
+            "(the template asks for what the namespace's level forbids)",
+        )
+    else:
+        reason = model.Reason(
+            FORBIDDEN,
+            f"the API server refused to {step} its pods: {message} (the operator's "
+            "ServiceAccount lacks a rule of the chart's ClusterRole)",
+        )
     if cycle.memory.reasons.get(key) != reason:
-        log.error("forbidden by RBAC", gang=key, step=step, message=message)
+        said = "forbidden by RBAC" if reason.code == FORBIDDEN else "refused by Pod Security"
+        log.error(said, gang=key, step=step, message=message)
         cycle.event(workload, "Warning", reason.code, f"gang {key}: {reason.message}")
     cycle.memory.reasons[key] = reason
 
