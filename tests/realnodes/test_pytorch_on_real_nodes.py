@@ -7,10 +7,12 @@ the last step are bitwise those of a run that never failed."""
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
-from tests.integration import framework
+from matrixpool_recovery import credentials
+from tests.integration import chart, framework
 from tests.realnodes.conftest import (
     IMAGE,
     REAL_SUPERNODE,
@@ -92,6 +94,63 @@ def reference(cluster: framework.TestCluster, namespace: str, node: str) -> dict
     }
 
 
+PROBE = """
+import json, os, sys
+from pathlib import Path
+from matrixpool_recovery import errors, fdpass
+job, other, mine, theirs, step = sys.argv[1:6]
+folder = Path(os.environ["SOCKET_FOLDER"])
+sock = folder / fdpass.SOCKET_NAME
+def ask(token, name, **request):
+    try:
+        answer, fd = fdpass.ask(sock, {"token": token, "job": name, **request})
+    except errors.CheckpointError as err:
+        return getattr(err, "status", 0)
+    if fd is not None:
+        os.close(fd)
+        return "handed"
+    return "answered"
+shard = {"open": "shard", "rank": 0, "step": int(step)}
+print(json.dumps({
+    "socket_folder": sorted(os.listdir(folder)),
+    "memory_folder": os.path.exists("/dev/shm/matrixpool/buffers"),
+    "their_shard_with_my_token": ask(mine, job, **shard),
+    "their_shard_as_my_job": ask(mine, other, **shard),
+    "my_own_probe": ask(mine, other, open="probe"),
+    "their_shard_with_their_token": ask(theirs, job, **shard),
+}))
+"""
+
+
+def other_jobs_pod(
+    cluster: framework.TestCluster, namespace: str, node: str, args: list[str]
+) -> dict[str, Any]:
+    """A pod of another tenant on ``node`` that mounts the daemon's socket folder as a trainer
+    pod does (issue 31, finding 2), holding another job's token and, for contrast, the first
+    job's: what it may open of the first job's tier 1."""
+    folder = "/dev/shm/matrixpool/socket"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "other-job", "namespace": namespace},
+        "spec": {
+            "nodeName": node,
+            "restartPolicy": "Never",
+            "volumes": [{"name": "socket", "hostPath": {"path": folder, "type": "Directory"}}],
+            "containers": [
+                {
+                    "name": "probe",
+                    "image": IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["python", "-c", PROBE, *args],
+                    "env": [{"name": "SOCKET_FOLDER", "value": folder}],
+                    "volumeMounts": [{"name": "socket", "mountPath": folder, "readOnly": True}],
+                }
+            ],
+        },
+    }
+
+
 def test_a_pytorch_job_recovers_on_real_nodes_to_the_parameters_of_a_fault_free_run(
     installed: framework.TestCluster,
     namespace: str,
@@ -110,6 +169,29 @@ def test_a_pytorch_job_recovers_on_real_nodes_to_the_parameters_of_a_fault_free_
             annotations["deviceplugin.matrixpool.dev/allocated-cards"]
             == (annotations["matrixpool.dev/cards"])
         ), annotations
+    # Another job's pod on rank 0's node, mounting what a trainer pod mounts, opens nothing of
+    # this job's tier 1 with its own job's token; this job's token opens its shard there.
+    secret = cluster.api.core.read_namespaced_secret(f"{chart.RELEASE}-checkpoint", chart.SYSTEM)
+    cluster_secret = base64.b64decode(secret.data["token"]).decode().strip()
+    uid = pods[0]["metadata"]["labels"]["matrixpool.dev/job-uid"]
+    step = watched.training(past=4)["checkpoints"]["memory"]
+    other = "0b1e5a3c-0000-4000-8000-000000000001"  # another TrainingJob's UID
+    tokens = [credentials.job_token(cluster_secret, j) for j in (other, uid)]
+    node = pods[0]["spec"]["nodeName"]
+    probe = other_jobs_pod(cluster, namespace, node, [uid, other, *tokens, str(step)])
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(probe))
+    seen = framework.eventually(
+        lambda: last_line(cluster, namespace, "other-job") or None, timeout=120, what="the probe"
+    )
+    assert seen == {
+        "socket_folder": ["daemon.sock"],
+        "memory_folder": False,
+        "their_shard_with_my_token": 403,
+        "their_shard_as_my_job": 404,
+        "my_own_probe": "answered",
+        "their_shard_with_their_token": "handed",
+    }, seen
+
     spare = SPARE
     assert spare not in {p["spec"]["nodeName"] for p in pods.values()}
     cluster.kubectl("apply", "-f", "-", input=json.dumps(reference(cluster, namespace, spare)))
