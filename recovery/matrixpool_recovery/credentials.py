@@ -33,6 +33,13 @@ def _derive(secret: str, *parts: str) -> str:
     return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
 
 
+def metrics_label(secret: str, service: str) -> str:
+    """What a daemon's metrics call a service: 16 hex characters of a keyed digest of its UID,
+    the same on every daemon, opaque to whoever lacks the cluster secret (the operator maps
+    it back by computing it)."""
+    return _derive(secret, "metrics", service)[:16]
+
+
 def job_token(secret: str, job: str) -> str:
     """The bearer token that opens one job's checkpoints, and nothing else."""
     return _derive(secret, JOB, job)

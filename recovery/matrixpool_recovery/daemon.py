@@ -525,6 +525,10 @@ class Daemon:
             raise errors.DaemonError(NO_KV_POOL, 503)
         return self.kv
 
+    def label(self, service: str) -> str:
+        """A service as the metrics name it: never its UID (``credentials.metrics_label``)."""
+        return credentials.metrics_label(self.secret, service)
+
     def kv_admit(self, service: str, size: int) -> None:
         """Refuse (413) a block upload that could never fit, before its body is read."""
         pool = self._pool()
@@ -535,7 +539,7 @@ class Daemon:
         with self._kv_lock:
             refused = pool.admits(service, size)
         if refused is not None:
-            metrics.kv_refused(service, refused.why)
+            metrics.kv_refused(self.label(service), refused.why)
             raise errors.DaemonError(refused.reason, 413)
 
     def kv_put(self, service: str, block_hash: str, block: kvpool.Block) -> dict[str, Any]:
@@ -544,11 +548,11 @@ class Daemon:
             result = pool.put(service, block_hash, block)
             usage = pool.usage_of(service)
         if isinstance(result, kvpool.Refused):
-            metrics.kv_refused(service, result.why)
+            metrics.kv_refused(self.label(service), result.why)
             status = 413 if result.why is kvpool.Refusal.TOO_LARGE else 507
             raise errors.DaemonError(result.reason, status)
-        metrics.kv_stored(service, block.size)
-        metrics.kv_evicted([owner for owner, _ in result.evicted])
+        metrics.kv_stored(self.label(service), block.size)
+        metrics.kv_evicted([self.label(owner) for owner, _ in result.evicted])
         return {
             "node": self.node,
             "service": service,
@@ -562,7 +566,7 @@ class Daemon:
         pool = self._pool()
         with self._kv_lock:
             block = pool.get(service, block_hash)
-        metrics.kv_looked_up(service, None if block is None else block.size)
+        metrics.kv_looked_up(self.label(service), None if block is None else block.size)
         if block is None:
             raise errors.NotFoundError(f"no KV block {block_hash} of {service} on {self.node}", 404)
         return block
@@ -571,14 +575,14 @@ class Daemon:
         pool = self._pool()
         with self._kv_lock:
             evicted = pool.set_quota(service, quota)
-        metrics.kv_evicted([owner for owner, _ in evicted])
+        metrics.kv_evicted([self.label(owner) for owner, _ in evicted])
         return {**self.kv_usage(service), "evicted": len(evicted)}
 
     def kv_forget(self, service: str) -> dict[str, Any]:
         pool = self._pool()
         with self._kv_lock:
             dropped = pool.forget(service)
-        metrics.kv_forget(service)
+        metrics.kv_forget(self.label(service))
         return {"node": self.node, "service": service, "deleted": dropped}
 
     def kv_usage(self, service: str | None) -> dict[str, Any]:
@@ -601,7 +605,7 @@ class Daemon:
         """Used and quota bytes per service, for the metrics."""
         with self._kv_lock:
             found = self._pool().usage()
-        return {s: (u.used_bytes, u.quota_bytes) for s, u in found.items()}
+        return {self.label(s): (u.used_bytes, u.quota_bytes) for s, u in found.items()}
 
     def receive(
         self, job: str, rank: int, step: int, size: int, expected: str, read_into: ReadInto
@@ -1131,6 +1135,11 @@ HEADER_TIMEOUT_HELP = "seconds a request line and its headers may take in all"
 MIN_BODY_RATE_HELP = "bytes a second below which a body (request or answer) is cut off"
 PER_CLIENT_HELP = "connections served at once from one address (default: half of --max-requests)"
 LEASE_HELP = "seconds a trainer's reservation waits for its commit before it is reclaimed"
+JOB_BYTES_HELP = (
+    "tier-1 bytes one job may hold on this node (its shards, peer copies of its shards and "
+    "writes in flight); a save above it evicts the job's own older steps or is refused (507); "
+    "default 0: no bound but --memory-bytes"
+)
 KV_POOL_HELP = (
     "host memory this node lends to the supernode's KV-cache pool: inference services' KV "
     "blocks, served on /v1/kv within a quota per service; taken out of --memory-bytes "
@@ -1167,6 +1176,7 @@ def arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--max-requests-per-client", type=int, default=0, help=PER_CLIENT_HELP)
     add("--max-requests", type=int, default=MAX_REQUESTS, help=MAX_REQUESTS_HELP)
     add("--staging-lease", type=float, default=memory.STAGING_LEASE, help=LEASE_HELP)
+    add("--max-job-bytes", type=parse_bytes, default=0, help=JOB_BYTES_HELP)
     add("--kv-pool-bytes", type=parse_bytes, default=0, help=KV_POOL_HELP)
     add("--ready-file", type=Path, help="write HOST:PORT here once serving")
     add("--log-level", default="INFO")
@@ -1208,7 +1218,9 @@ def _overlap(args: argparse.Namespace) -> str:
 def build(args: argparse.Namespace) -> Server:
     names.job(args.node)
     limit = args.memory_bytes - args.memory_headroom - args.kv_pool_bytes
-    mem = memory.MemoryTier(args.memory_dir, args.node, limit, args.keep, args.staging_lease)
+    mem = memory.MemoryTier(
+        args.memory_dir, args.node, limit, args.keep, args.staging_lease, args.max_job_bytes
+    )
     disk = files.DiskTier(args.data_dir, args.node, args.keep)
     daemon = Daemon(
         args.node,

@@ -84,11 +84,18 @@ class MemoryTier:
     """The daemon's tier-1 store."""
 
     def __init__(
-        self, root: Path, node: str, limit: int, keep: int, lease: float = STAGING_LEASE
+        self,
+        root: Path,
+        node: str,
+        limit: int,
+        keep: int,
+        lease: float = STAGING_LEASE,
+        job_limit: int = 0,
     ) -> None:
         self.root = root  # the memory directory
         self.node = node  # this node's name, written in manifests
         self.limit = limit  # bytes all buffers may take together
+        self.job_limit = job_limit  # bytes one job's buffers may take; 0: only `limit`
         self.keep = keep  # steps kept per job
         self.lease = lease  # seconds a trainer's reservation waits for its commit
         self._lock = threading.RLock()
@@ -112,6 +119,7 @@ class MemoryTier:
         with self._lock:
             self._reclaim_stale()
             self._drop_reclaimed(lambda owner: owner == (job, rank))
+            self._within_job_limit(job, step, size)
             buffer = self._pick_free(job, rank, size)
             self._make_room(size - (buffer.size if buffer else 0), job, step, buffer)
             if buffer is None:
@@ -122,6 +130,33 @@ class MemoryTier:
             buffer.state, buffer.owner, buffer.step = STAGING, (job, rank), step
             buffer.since = time.monotonic()
             return buffer
+
+    def _job_bytes(self, job: str) -> int:
+        """Bytes of the buffers a job holds: its shards, its writes and copies in flight, its
+        reclaimed reservations (free buffers are the pool's)."""
+        return sum(
+            b.size
+            for b in self._buffers.values()
+            if b.state != FREE and b.owner is not None and b.owner[0] == job
+        )
+
+    def _within_job_limit(self, job: str, step: int, size: int) -> None:
+        """Make room under the job's own bound (``job_limit``) from its own oldest steps, or
+        refuse (507) naming the bound: one job cannot take a node's tier 1 from the others."""
+        if not self.job_limit or self._job_bytes(job) + size <= self.job_limit:
+            return
+        own = [k for k in self._eviction_order(job, step) if k[0] == job]
+        for key in own:
+            if self._job_bytes(job) + size <= self.job_limit:
+                return
+            self._evict(key)
+        if self._job_bytes(job) + size > self.job_limit:
+            raise errors.MemoryFullError(
+                f"tier-1 memory of node {self.node}: job {job} holds {self._job_bytes(job)} "
+                f"bytes of its {self.job_limit}-byte bound (--max-job-bytes) in steps that may "
+                f"not be evicted; {size} more asked",
+                507,
+            )
 
     def _allocate(self, buffer: Buffer, size: int) -> None:
         """Size the buffer's file and allocate every page of it now: a full tmpfs fails

@@ -20,8 +20,9 @@ own, prefixed ``matrixpool_kvpool_``: ``used_bytes`` and ``quota_bytes`` per ser
 ``capacity_bytes`` (gauges read at scrape time), ``lookups`` by ``result`` (``hit``, ``miss``),
 ``bytes`` by ``operation`` (``put``: stored, ``get``: served), ``evictions`` (by the service
 that held the block) and ``refusals`` by ``reason`` (``TooLarge``, ``Full``). Their ``service``
-label is the InferenceService's UID (an opaque identifier, never its name); a service's series
-go when the operator deletes it from the pool.
+label is a keyed digest of the InferenceService's UID (``credentials.metrics_label``: 16 hex
+characters, the same on every daemon; neither its name nor its UID, since ``/metrics`` needs no
+token); a service's series go when the operator deletes it from the pool.
 """
 
 from __future__ import annotations

@@ -352,12 +352,17 @@ def test_the_pool_reports_bytes_per_service_hits_misses_and_evictions(one: Clust
     assert a.lookup(H1) is None
 
     found = scrape(one, "a")
+    a_label, b_label = (credentials.metrics_label(SECRET, s) for s in (A, B))
     assert found[("matrixpool_kvpool_capacity_bytes", "/")] == 100_000
-    assert found[("matrixpool_kvpool_used_bytes", f"{A}/")] == 50_000
-    assert found[("matrixpool_kvpool_quota_bytes", f"{B}/")] == 40_000
-    assert found[("matrixpool_kvpool_lookups_total", f"{A}/hit")] == 1
-    assert found[("matrixpool_kvpool_lookups_total", f"{A}/miss")] == 1
-    assert found[("matrixpool_kvpool_evictions_total", f"{A}/")] == 1
+    assert found[("matrixpool_kvpool_used_bytes", f"{a_label}/")] == 50_000
+    assert found[("matrixpool_kvpool_quota_bytes", f"{b_label}/")] == 40_000
+    assert found[("matrixpool_kvpool_lookups_total", f"{a_label}/hit")] == 1
+    assert found[("matrixpool_kvpool_lookups_total", f"{a_label}/miss")] == 1
+    assert found[("matrixpool_kvpool_evictions_total", f"{a_label}/")] == 1
+    # /metrics needs no token: it names no service's UID (issue 31, finding 8)
+    _, body, _ = call(one, "a", "GET", "/metrics", None)
+    assert A not in body.decode()
+    assert B not in body.decode()
 
 
 class Trickling(BaseHTTPRequestHandler):

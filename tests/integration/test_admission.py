@@ -29,6 +29,8 @@ pytestmark = pytest.mark.integration
 
 DENIED = "matrixpool.dev/* pod annotations are written by the matrixpool operator only"
 REMOVAL_DENIED = "matrixpool.dev/* pod annotations are removed by the matrixpool operator only"
+LABEL_DENIED = "matrixpool.dev/* pod labels are written by the matrixpool operator only"
+LABEL_REMOVAL_DENIED = "matrixpool.dev/* pod labels are removed by the matrixpool operator only"
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 
 
@@ -184,3 +186,26 @@ def test_a_tenant_binding_may_not_carry_matrixpool_annotations(
     sub = tenant("create", "--raw", path, "-f", "-", input=json.dumps(binding))
     assert_denied(sub, DENIED)
     assert labels.CARDS not in annotations_of(cluster, namespace, "b")
+
+
+def test_a_tenant_may_not_label_a_pod_as_a_gangs_but_may_set_other_labels(
+    cluster: framework.TestCluster, namespace: str, tenant: Kubectl
+) -> None:
+    """Issue 31, finding 3: the daemons' NetworkPolicy admits pods labelled matrixpool.dev/job;
+    only the operator may put that label on a pod, or take it off."""
+    body = json.loads(pod("lab"))
+    body["metadata"]["labels"] = {labels.JOB: "someone-elses"}
+    created = tenant("apply", "-f", "-", input=json.dumps(body))
+    assert_denied(created, LABEL_DENIED)
+    assert tenant("apply", "-f", "-", input=pod("lab")).returncode == 0
+    relabel = json.dumps({"metadata": {"labels": {labels.JOB: "x"}}})
+    assert_denied(tenant("patch", "pod", "lab", "--type=merge", "-p", relabel), LABEL_DENIED)
+    other = json.dumps({"metadata": {"labels": {"team": "a"}}})
+    allowed = tenant("patch", "pod", "lab", "--type=merge", "-p", other)
+    assert allowed.returncode == 0, allowed.stderr
+    operator = as_operator(cluster, namespace)("patch", "pod", "lab", "--type=merge", "-p", relabel)
+    assert operator.returncode == 0, operator.stderr
+    removal = json.dumps({"metadata": {"labels": {labels.JOB: None}}})
+    assert_denied(
+        tenant("patch", "pod", "lab", "--type=merge", "-p", removal), LABEL_REMOVAL_DENIED
+    )

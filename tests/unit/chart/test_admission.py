@@ -82,10 +82,12 @@ def test_the_rules_guard_the_prefix_of_the_annotation_contract(helm: chart.Helm)
     assert prefix == f"'{api.GROUP}/'"
     for key in (labels.CARDS, labels.RESTORE, labels.CHECKPOINT_REQUEST):
         assert key.startswith(api.GROUP + "/")
-    assert len(spec["validations"]) == 2
-    for validation in spec["validations"]:
+    assert len(spec["validations"]) == 4  # set and removed: annotations, then labels
+    kinds = ["annotations"] * 2 + ["labels"] * 2
+    for validation, what in zip(spec["validations"], kinds, strict=True):
         assert "variables.prefix" in validation["expression"]
-        assert validation["message"].startswith("matrixpool.dev/* pod annotations are")
+        assert f"metadata.{what}" in validation["expression"]
+        assert validation["message"].startswith(f"matrixpool.dev/* pod {what} are")
         assert validation["reason"] == "Forbidden"
 
 

@@ -233,3 +233,31 @@ def test_a_buffer_is_not_reused_while_its_tier_2_copy_runs(tmp_path: Path) -> No
         node.pool.shutdown(wait=True)
     _, path = disk.locate("j", 0, 1)
     assert path.read_bytes() == b"a" * SIZE
+
+
+def test_a_job_over_its_own_bound_evicts_its_own_old_steps_never_another_jobs(
+    tmp_path: Path,
+) -> None:
+    """Issue 31, finding 8: with --max-job-bytes one job cannot take a node's tier 1."""
+    mem = memory.MemoryTier(tmp_path, "node-a", 8 * SIZE, keep=10, job_limit=3 * SIZE)
+    for step in (1, 2):
+        save(mem, step, job="quiet")
+    for step in (1, 2, 3, 4, 5, 6):
+        save(mem, step, job="greedy")
+
+    assert steps(mem, "quiet") == [1, 2]  # memory had room for all; the bound took greedy's
+    assert steps(mem, "greedy") == [4, 5, 6]
+    save(mem, 7, job="greedy")  # 4 goes
+    mem.protect("greedy", 6)
+    mem.protect("greedy", 7)  # 6 and 7: its two newest committed steps, never evicted
+    with pytest.raises(errors.MemoryFullError, match=r"job greedy holds .* \(--max-job-bytes\)"):
+        mem.reserve("greedy", 1, 8, 2 * SIZE)  # 5 may go, 6 and 7 may not: 4 shards > 3
+    assert steps(mem, "greedy") == [6, 7]  # what could go went; nothing of quiet's
+    assert steps(mem, "quiet") == [1, 2]
+
+
+def test_without_a_job_bound_one_job_may_fill_the_memory(tmp_path: Path) -> None:
+    mem = memory.MemoryTier(tmp_path, "node-a", 4 * SIZE, keep=10)
+    for step in (1, 2, 3, 4):
+        save(mem, step, job="only")
+    assert steps(mem, "only") == [1, 2, 3, 4]
