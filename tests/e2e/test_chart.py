@@ -522,3 +522,47 @@ def test_the_device_plugin_marks_the_pods_of_its_own_node_only(
     finally:
         cluster.kubectl("delete", "clusterrolebinding", grant, check=False)
         cluster.kubectl("delete", "clusterrole", grant, check=False)
+
+
+def test_the_operator_writes_only_its_own_configmaps_outside_its_namespace(
+    installed: Installed, namespace: str, tmp_path: Path
+) -> None:
+    """Issue 31, least privilege: the operator's ClusterRole may create and update ConfigMaps
+    in every namespace (rank tables, expert maps); the chart's configMapPolicy narrows that to
+    those names, owned by a matrixpool.dev object. Server-side dry runs: nothing is stored."""
+    cluster = installed.cluster
+    account = installed.operator_pod()["spec"]["serviceAccountName"]
+    token = cluster.kubectl("create", "token", account, "-n", SYSTEM).stdout.strip()
+    operator = _as(cluster, token, tmp_path)
+    uid = "0b1e5a3c-0000-4000-8000-000000000002"
+    job = {"apiVersion": "matrixpool.dev/v1alpha1", "kind": "TrainingJob", "name": "j"}
+    owner: list[dict[str, Any]] = [{**job, "uid": uid, "controller": True}]
+    foreign: list[dict[str, Any]] = [
+        {"apiVersion": "apps/v1", "kind": "Deployment", "name": "d", "uid": uid}
+    ]
+
+    def create(name: str, owners: list[dict[str, Any]], where: str = namespace) -> tuple[int, str]:
+        body = {"metadata": {"name": name, "ownerReferences": owners}, "data": {"a": "1"}}
+        return _refused(
+            lambda: operator.core.create_namespaced_config_map(where, body, dry_run="All")
+        )
+
+    assert create(labels.rank_table_config_map(uid), owner) == (200, "")
+    assert create("svc-expert-map", owner) == (200, "")
+    code, message = create("coredns", owner, "kube-system")
+    assert code == 403, message
+    assert "writes ConfigMaps matrixpool-hccl-<job UID>" in message, message
+    code, message = create("svc-expert-map", foreign)
+    assert code == 403, message
+    assert "not owned by a matrixpool.dev object" in message, message
+    cluster.kubectl(  # a user's ConfigMap of that name: the operator may not take it over
+        "create", "configmap", "mine-expert-map", "-n", namespace, "--from-literal=a=2"
+    )
+    taken = {"metadata": {"name": "mine-expert-map", "ownerReferences": owner}, "data": {}}
+    code, message = _refused(
+        lambda: operator.core.replace_namespaced_config_map(
+            "mine-expert-map", namespace, taken, dry_run="All"
+        )
+    )
+    assert code == 403, message
+    assert "not owned by a matrixpool.dev object" in message, message

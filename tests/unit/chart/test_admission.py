@@ -23,8 +23,14 @@ Manifest = dict[str, Any]
 OPERATOR = f"system:serviceaccount:{chart.NAMESPACE}:{chart.RELEASE}-matrixpool"
 
 
-def policy(manifests: list[Manifest]) -> Manifest:
-    return chart.only(manifests, "ValidatingAdmissionPolicy")
+def policy(manifests: list[Manifest], kind: str = "ValidatingAdmissionPolicy") -> Manifest:
+    """The pod-annotations policy (or its binding) among the chart's admission policies."""
+    [found] = [
+        m
+        for m in manifests
+        if m["kind"] == kind and m["metadata"]["name"].endswith("-pod-annotations")
+    ]
+    return found
 
 
 def writers(policy: Manifest) -> list[str]:
@@ -39,7 +45,7 @@ def writers(policy: Manifest) -> list[str]:
 def test_the_policy_and_its_binding_are_on_by_default(helm: chart.Helm) -> None:
     manifests = helm.render()
     rendered = policy(manifests)
-    binding = chart.only(manifests, "ValidatingAdmissionPolicyBinding")
+    binding = policy(manifests, "ValidatingAdmissionPolicyBinding")
     assert rendered["apiVersion"] == binding["apiVersion"] == "admissionregistration.k8s.io/v1"
     assert chart.RELEASE in rendered["metadata"]["name"]
     assert binding["spec"] == {
@@ -92,11 +98,28 @@ def test_the_rules_guard_the_prefix_of_the_annotation_contract(helm: chart.Helm)
 
 
 def test_the_policy_can_be_left_out(helm: chart.Helm) -> None:
-    manifests = helm.render("podAnnotationsPolicy.enabled=false")
+    manifests = helm.render("podAnnotationsPolicy.enabled=false", "configMapPolicy.enabled=false")
     assert not chart.kinds(manifests) & {
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
     }
+
+
+def test_the_configmap_policy_binds_the_operator_outside_its_namespace(helm: chart.Helm) -> None:
+    [rendered] = [
+        m
+        for m in helm.render()
+        if m["kind"] == "ValidatingAdmissionPolicy"
+        and m["metadata"]["name"].endswith("-configmaps")
+    ]
+    conditions = {c["name"]: c["expression"] for c in rendered["spec"]["matchConditions"]}
+    assert conditions == {
+        "the-operator": f'request.userInfo.username == "{OPERATOR}"',
+        "outside-the-release-namespace": f'request.namespace != "{chart.NAMESPACE}"',
+    }
+    names = rendered["spec"]["validations"][0]["expression"]
+    assert f"'{labels.RANK_TABLE_PREFIX}'" in names
+    assert "'-expert-map'" in names
 
 
 def test_the_chart_rejects_an_empty_writer_name(helm: chart.Helm) -> None:

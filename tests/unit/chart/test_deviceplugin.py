@@ -178,7 +178,9 @@ def test_node_selector_tolerations_and_priority_follow_the_values(helm: chart.He
 
 
 def test_the_policy_is_on_with_the_plugin_for_its_account_only(helm: chart.Helm) -> None:
-    manifests = helm.render(ON, "podAnnotationsPolicy.enabled=false")
+    manifests = helm.render(
+        ON, "podAnnotationsPolicy.enabled=false", "configMapPolicy.enabled=false"
+    )
     policy = chart.only(manifests, "ValidatingAdmissionPolicy")
     binding = chart.only(manifests, "ValidatingAdmissionPolicyBinding")
     assert binding["spec"] == {
@@ -200,7 +202,9 @@ def test_the_policy_is_on_with_the_plugin_for_its_account_only(helm: chart.Helm)
 
 def test_the_policy_can_be_left_out_and_needs_the_plugin(helm: chart.Helm) -> None:
     for sets in ((ON, "devicePluginPolicy.enabled=false"), ()):
-        manifests = helm.render(*sets, "podAnnotationsPolicy.enabled=false")
+        manifests = helm.render(
+            *sets, "podAnnotationsPolicy.enabled=false", "configMapPolicy.enabled=false"
+        )
         assert "ValidatingAdmissionPolicy" not in chart.kinds(manifests)
 
 
