@@ -91,14 +91,23 @@ def installed(cluster: framework.TestCluster, image: str) -> Iterator[framework.
         framework.eventually(
             lambda: running(cluster, "operator"), timeout=300, what="the operator pod running"
         )
+        framework.eventually(
+            lambda: len(running(cluster, "checkpoint-daemon")) == REAL_NODES,
+            timeout=300,
+            what="a running checkpoint daemon pod on every real node",
+        )
     except AssertionError:
         print(cluster.kubectl("describe", "pods", "-n", SYSTEM, check=False).stdout[-12000:])
+        for pod in pods(cluster):
+            for status in pod["status"].get("initContainerStatuses", []) + pod["status"].get(
+                "containerStatuses", []
+            ):
+                logs = cluster.kubectl(
+                    "logs", "-n", SYSTEM, pod["metadata"]["name"], "-c", status["name"],
+                    "--tail=30", check=False,
+                )  # fmt: skip
+                print(f"--- {pod['metadata']['name']}/{status['name']}\n{logs.stdout}")
         raise
-    framework.eventually(
-        lambda: len(running(cluster, "checkpoint-daemon")) == REAL_NODES,
-        timeout=300,
-        what="a running checkpoint daemon pod on every real node",
-    )
     try:
         yield cluster
     finally:
