@@ -24,7 +24,7 @@ SHORT_NAMES = ("tj",)
 # Inference defaults above training (1000 vs 100), so at equal settings inference preempts.
 DEFAULT_PRIORITY = 100
 MAX_PRIORITY = 1_000_000_000  # as for PriorityClass values
-URI = r"^[a-zA-Z][a-zA-Z0-9+.-]*://.+$"  # scheme://rest, e.g. file:///mnt/ckpt or s3://b/k
+URI = r"^[a-zA-Z][a-zA-Z0-9+.-]*://.+$"  # scheme://rest; a CEL rule then asks for file:///
 # Ranks of one job: the bound of spec.replicas and of every per-rank list and map in status
 # (a recovery plan names every rank for Reschedule). No CEL rule reads those lists, so their
 # size costs the API server's CEL budget nothing.
@@ -115,10 +115,23 @@ class ReclaimPolicy(StrEnum):
 class PersistentTier(common.ApiModel):
     """Tier 3: persistent storage addressed by URI."""
 
+    model_config = ConfigDict(
+        json_schema_extra=common.validations(
+            common.rule(
+                "self.uri.startsWith('file:///')",
+                "spec.checkpoint.persistent.uri must be a file:/// URI (a folder of a file system"
+                " shared by the nodes, under the daemons' persistentPath): the checkpoint daemons"
+                " write file:// only, not s3:// or any other scheme",
+                ".uri",
+            ),
+        )
+    )
+
     every_steps: int = Field(ge=1)
     """Checkpoint every this many steps."""
     uri: str = Field(max_length=2048, pattern=URI)
-    """Where checkpoints go, scheme://..., e.g. file:///mnt/ckpt/llm."""
+    """Where checkpoints go: file:///<path> on a file system shared by the nodes, inside the
+    daemons' persistentPath, e.g. file:///var/lib/matrixpool/persistent/llm (file:// only)."""
     reclaim_policy: ReclaimPolicy = ReclaimPolicy.RETAIN
     """What happens to the job's files under the URI when the job is deleted: Retain (kept
     for a later job or a person) or Delete. Tiers 1 and 2 are always deleted."""

@@ -29,6 +29,7 @@ CARD_GROUP_MISMATCH = "CardGroupMismatch"  # above a card group but not a multip
 TOO_MANY_CARDS = "TooManyCards"  # the gang outgrows its named supernode (outside spares)
 GROUP_TOO_LARGE = "GroupTooLarge"  # groupSize ranks outgrow every rack of the supernode
 INVALID_CARDS = "InvalidCards"  # a pod asks fewer than one card
+NO_NODES = "NoNodes"  # the supernode's nodeSelector matches no node (none to place on at all)
 
 NodeKind = tuple[int, cards.Shape]  # (cards on the node, its card-group masks)
 
@@ -82,7 +83,8 @@ def check(candidates: Summary | None, gang: GangRequest) -> Unplaceable | None:
     ``candidates`` is the named supernode's summary, the merged summary of all supernodes when
     none is named, or None when the named supernode does not exist.
     """
-    reason = _unknown(candidates, gang) or _cards_reason(candidates, gang)
+    reason = _unknown(candidates, gang) or _empty(candidates, gang)
+    reason = reason or _cards_reason(candidates, gang)
     if reason is None and candidates is not None and _named_and_required(gang):
         reason = _too_many(candidates, gang) or _group_too_large(candidates, gang)
     return Unplaceable(gang.gang, (reason,), permanent=True) if reason else None
@@ -98,6 +100,19 @@ def _unknown(candidates: Summary | None, gang: GangRequest) -> Reason | None:
     if gang.supernode is None:
         return Reason(UNKNOWN_SUPERNODE, "no SuperNode exists to place the gang on")
     return Reason(UNKNOWN_SUPERNODE, f"spec.superNode {gang.supernode!r} names no SuperNode")
+
+
+def _empty(candidates: Summary | None, gang: GangRequest) -> Reason | None:
+    """A supernode without a single node says so, not that its largest node has 0 cards."""
+    if candidates is None or candidates.kinds:
+        return None
+    if gang.supernode is not None and candidates.names == (gang.supernode,):
+        return Reason(
+            NO_NODES,
+            f"spec.superNode {gang.supernode} has no node: its spec.nodeSelector matches none",
+        )
+    names = ", ".join(candidates.names)
+    return Reason(NO_NODES, f"no SuperNode has a node: the spec.nodeSelector of {names} match none")
 
 
 def _cards_reason(candidates: Summary | None, gang: GangRequest) -> Reason | None:

@@ -380,6 +380,19 @@ def test_specs_that_may_be_served(request_: model.GangRequest) -> None:
     assert engine.check_servable([cloudmatrix().build()], request_) is None
 
 
+@pytest.mark.parametrize("named", [True, False])
+def test_a_supernode_whose_selector_matches_no_node_says_so(named: bool) -> None:
+    """Issue 32, item 5: not "more than the 0 cards of the largest node"."""
+    empty = model.SuperNodeTopology("sn-empty", "huawei.com/Ascend910", ())
+    builder = gang("ns/j").pods(1, cards=8)
+    verdict = engine.check_servable([empty], (builder.on("sn-empty") if named else builder).build())
+    assert verdict is not None
+    assert verdict.permanent
+    assert verdict.reasons[0].code == "NoNodes"
+    assert "spec.nodeSelector" in verdict.reasons[0].message
+    assert "sn-empty" in verdict.reasons[0].message
+
+
 def test_the_spec_field_of_inference_cards_is_named() -> None:
     request = model.GangRequest(
         model.GangKey("ns/s/decode/0"),
