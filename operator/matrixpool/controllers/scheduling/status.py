@@ -50,6 +50,7 @@ async def report(
 ) -> None:
     just_bound = {a.pod: a for b in bindings for a in b.placement.assignments}
     changed: list[tuple[Workload, str, dict[str, Any]]] = []
+    endpoints = {str(n.name): n.endpoint for n in cycle.world.nodes}  # "": no daemon announced
     for workload in cycle.world.workloads:
         if workload.model is None:
             continue
@@ -74,10 +75,79 @@ async def report(
         else:
             status = await inference_status(cycle, workload, plans, facts, just_bound)
             plural = inferenceservice.PLURAL
+        status["conditions"] = notices(cycle, workload, facts, status["conditions"], endpoints)
         cycle.memory.conditions[workload.uid] = status["conditions"]
         if cycle.memory.statuses.get(workload.uid) != status:
             changed.append((workload, plural, status))
     await write_statuses(cycle, changed)
+
+
+SUPERNODE = "SuperNode"  # condition: the SuperNode spec.superNode names exists (once it did not)
+SUPERNODE_DELETED = "SuperNodeDeleted"
+DAEMONS = "CheckpointDaemons"  # condition: every node of a checkpointing job has a daemon
+NO_DAEMONS = "NoCheckpointDaemons"
+
+
+def notices(
+    cycle: cyclestate.CycleState,
+    workload: Workload,
+    facts: Sequence[convert.PodFacts],
+    conditions: Sequence[Mapping[str, Any]],
+    endpoints: Mapping[str, str],
+) -> list[dict[str, Any]]:
+    """What would otherwise go unsaid about a running workload, as conditions (and a Warning
+    Event when one turns False): its SuperNode was deleted under it (issue 32: it keeps its pods
+    and cards, and leaves that SuperNode's time-sharing and the autoscaler's cap), or a
+    checkpointing TrainingJob runs on nodes with no announced checkpoint daemon (its saves fail
+    there). A condition is written only once it has been False."""
+    now = _conditions({"conditions": conditions})
+    held = sorted({p.node for p in facts if p.node and not p.deleting})
+    if not held or workload.model is None:
+        return [dict(c) for c in conditions]
+    named = workload.model.spec.super_node
+    if named is not None:
+        gone = named not in cycle.world.supernodes
+        message = (
+            f"spec.superNode {named} was deleted while {len(held)} node(s) run its pods: they "
+            "keep their nodes and cards, but the workload leaves its time-sharing windows and "
+            f"the autoscaler's cap; new pods wait until a SuperNode {named} exists again"
+            if gone
+            else f"spec.superNode {named} exists"
+        )
+        now = _notice(cycle, workload, now, SUPERNODE, not gone, SUPERNODE_DELETED, message)
+    if isinstance(workload.model, trainingjob.TrainingJob):
+        wanted = workload.model.spec.checkpoint
+        if wanted.memory or wanted.local or wanted.persistent:
+            silent = [n for n in held if not endpoints.get(n)]
+            message = (
+                f"spec.checkpoint asks for tiers, but node(s) {', '.join(silent)} of its pods "
+                "have no announced checkpoint daemon (the chart's checkpointDaemon.enabled, "
+                "and its nodeSelector): saves of the ranks there fail"
+                if silent
+                else "every node of its pods has an announced checkpoint daemon"
+            )
+            now = _notice(cycle, workload, now, DAEMONS, not silent, NO_DAEMONS, message)
+    return [common.to_wire(c) for c in now]
+
+
+def _notice(
+    cycle: cyclestate.CycleState,
+    workload: Workload,
+    conditions: list[common.Condition],
+    type_: str,
+    ok: bool,
+    reason: str,
+    message: str,
+) -> list[common.Condition]:
+    old = common.find_condition(conditions, type_)
+    if ok and old is None:
+        return conditions  # nothing was ever wrong: no condition
+    if ok:
+        fixed = new_condition(type_, True, "Resolved", message, workload)
+        return common.set_condition(conditions, fixed)
+    if old is None or old.status != common.ConditionStatus.FALSE or old.message != message:
+        cycle.event(workload, "Warning", reason, message)
+    return common.set_condition(conditions, new_condition(type_, False, reason, message, workload))
 
 
 async def write_statuses(
