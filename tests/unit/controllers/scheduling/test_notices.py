@@ -10,12 +10,14 @@ import asyncio
 import dataclasses
 from typing import Any
 
+from matrixpool.api.inferenceservice import parse
 from matrixpool.controllers.scheduling import cycle as scheduler
 from matrixpool.controllers.scheduling import cyclestate
 from matrixpool.state import assumed as assuming
 from matrixpool.state import world
+from matrixpool.state.workloads import Workload
 from tests.unit.recorder import Recorder
-from tests.unit.worlds import fixed_world, index, job, running
+from tests.unit.worlds import EIGHT, fixed_world, index, job, pod, running
 
 
 def cycle(seen: world.World, memory: cyclestate.Memory, executor: Recorder) -> None:
@@ -85,3 +87,38 @@ def test_a_job_whose_supernode_is_deleted_keeps_its_pods_and_says_so() -> None:
     found = condition(executor, "training", "SuperNode")
     assert found is not None
     assert (found["status"], found["reason"]) == ("True", "Resolved")
+
+
+def test_an_inference_service_whose_supernode_is_deleted_says_so_too() -> None:
+    body = {
+        "apiVersion": "matrixpool.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "chat", "namespace": "ns", "uid": "uid-chat"},
+        "spec": {
+            "superNode": "sn-a",
+            "roles": [{"name": "serve", "replicas": 1, "podsPerReplica": 1, "cardsPerPod": 8}],
+        },
+    }
+    chat = Workload("InferenceService", "ns", "chat", "uid-chat", "t0", 1, parse(body), None, {})
+    serving = pod(
+        "chat-serve-0-0",
+        "chat-uid-0",
+        owner="chat",
+        kind="InferenceService",
+        role="serve",
+        rank=0,
+        node="n0",
+        cards=EIGHT,
+        phase="Running",
+    )
+    seen = fixed_world(index(serving), [chat])
+    executor = Recorder()
+
+    cycle(dataclasses.replace(seen, supernodes={}), cyclestate.Memory(), executor)
+
+    found = condition(executor, "chat", "SuperNode")
+    assert found is not None
+    assert (found["status"], found["reason"]) == ("False", "SuperNodeDeleted")
+    assert "autoscaler's cap" in found["message"]
+    assert executor.reasons("chat") == ["SuperNodeDeleted"]
+    assert executor.deleted == []
