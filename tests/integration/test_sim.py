@@ -226,7 +226,10 @@ def test_sim_runs_a_daemon_per_node_and_trainers_that_checkpoint_and_die_with_th
         mounts = Path(f"/proc/{pid}/mountinfo").read_text()
         assert "/run/matrixpool/checkpoint " in mounts  # /var/run is /run here
         assert "/run/matrixpool/pod " in mounts
-        assert "/dev/shm/matrixpool " in mounts  # the node's tier-1 folder (hostPath)
+        # The node daemon's socket folder alone (hostPath), never its tier-1 folder.
+        assert "/dev/shm/matrixpool/socket " in mounts
+        assert "/dev/shm/matrixpool " not in mounts
+        assert environ["MATRIXPOOL_CKPT_SOCKET"] == "/dev/shm/matrixpool/socket/daemon.sock"
         assert "/run/secrets/kubernetes.io/serviceaccount " in mounts  # projected token
         assert token_file.read_text().strip()  # the job's token, from its Secret
 
