@@ -92,7 +92,7 @@ def notices(
     cycle: cyclestate.CycleState,
     workload: Workload,
     facts: Sequence[convert.PodFacts],
-    conditions: Sequence[Mapping[str, Any]],
+    conditions: list[dict[str, Any]],
     endpoints: Mapping[str, str],
 ) -> list[dict[str, Any]]:
     """What would otherwise go unsaid about a running workload, as conditions (and a Warning
@@ -100,10 +100,10 @@ def notices(
     and cards, and leaves that SuperNode's time-sharing and the autoscaler's cap), or a
     checkpointing TrainingJob runs on nodes with no announced checkpoint daemon (its saves fail
     there). A condition is written only once it has been False."""
-    now = _conditions({"conditions": conditions})
     held = sorted({p.node for p in facts if p.node and not p.deleting})
     if not held or workload.model is None:
-        return [dict(c) for c in conditions]
+        return conditions
+    checks: list[tuple[str, bool, str, str]] = []  # (type, ok, reason when not, message)
     named = workload.model.spec.super_node
     if named is not None:
         gone = named not in cycle.world.supernodes
@@ -114,7 +114,7 @@ def notices(
             if gone
             else f"spec.superNode {named} exists"
         )
-        now = _notice(cycle, workload, now, SUPERNODE, not gone, SUPERNODE_DELETED, message)
+        checks.append((SUPERNODE, not gone, SUPERNODE_DELETED, message))
     if isinstance(workload.model, trainingjob.TrainingJob):
         wanted = workload.model.spec.checkpoint
         if wanted.memory or wanted.local or wanted.persistent:
@@ -126,7 +126,13 @@ def notices(
                 if silent
                 else "every node of its pods has an announced checkpoint daemon"
             )
-            now = _notice(cycle, workload, now, DAEMONS, not silent, NO_DAEMONS, message)
+            checks.append((DAEMONS, not silent, NO_DAEMONS, message))
+    written = {str(c.get("type")) for c in conditions}
+    if all(ok and type_ not in written for type_, ok, _, _ in checks):
+        return conditions  # nothing wrong now nor before: the conditions as they are
+    now = _conditions({"conditions": conditions})
+    for type_, ok, reason, message in checks:
+        now = _notice(cycle, workload, now, type_, ok, reason, message)
     return [common.to_wire(c) for c in now]
 
 
