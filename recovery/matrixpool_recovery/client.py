@@ -117,6 +117,7 @@ class Restored:
     source: str  # where the shard came from, e.g. "peer:node-c" or "persistent"
     skipped: tuple[str, ...] = ()  # faster sources that failed, with the reason
     incarnation: int = 0  # the run that wrote it
+    rank: int = 0  # the rank whose shard was read (its own, unless `restore(rank=)` said)
 
 
 @dataclass(frozen=True)
@@ -466,6 +467,7 @@ class Checkpointer:
         *,
         incarnation: int | None = None,
         into: Mapping[str, Any] | None = None,
+        rank: int | None = None,
     ) -> Restored:
         """The state of this rank at `step` (default: the newest committed for every rank).
 
@@ -474,7 +476,10 @@ class Checkpointer:
         on the newest timeline. Without `step`, when every copy of this rank's shard of the
         newest committed step is corrupt, the step committed before it is restored instead.
         `into` maps names to arrays or tensors to fill in place (a model's own tensors).
+        `rank` reads another rank's shard instead (after a regroup, a rank the old world did not
+        have reads ``restore.shard_for(rank, world)``; its saves stay its own).
         """
+        shard = self.rank if rank is None else names.rank(rank)
         self._drain()
         copies = self.copies()
         candidates = copies.candidates(step, incarnation)
@@ -484,13 +489,15 @@ class Checkpointer:
             raise errors.NoCheckpointError(f"{self.job}: {asked} (unreachable daemons: {lost})")
         failures: list[str] = []
         for point in candidates:
-            found = copies.first_valid(self.rank, point, _state_of(into), failures)
+            found = copies.first_valid(shard, point, _state_of(into), failures)
             if found is not None:
                 state, source = found
                 self.base = point.step
-                return Restored(point.step, state, source, tuple(failures), point.incarnation)
+                return Restored(
+                    point.step, state, source, tuple(failures), point.incarnation, shard
+                )
         raise errors.NoCheckpointError(
-            f"{self.job}: no valid copy of rank {self.rank} at step "
+            f"{self.job}: no valid copy of rank {shard} at step "
             f"{', '.join(str(p.step) for p in candidates)} ({'; '.join(failures) or 'none held'})"
         )
 

@@ -7,7 +7,10 @@ dev cluster's trainers), which is why it ships here, in the package of the train
 the step (or absent for "the newest committed"), the incarnation that wrote it, the new
 incarnation the rank runs as from now on (:func:`new_incarnation`), the daemons that hold
 copies (beyond the rank's own node daemon), and the id of the recovery or resume that asked (a
-new id makes the trainers reload, even at the same step). ``{"fresh": true, "incarnation": 9,
+new id makes the trainers reload, even at the same step). After a regroup (the gang's size
+changed) it also says ``"world": 40``, the number of ranks that wrote the step: a rank of the
+new world reads shard :func:`shard_for` of it (its own when it has one), and a trainer whose
+state is sharded (DCP) reshards from the whole step. ``{"fresh": true, "incarnation": 9,
 "recovery": "r1"}`` tells a rank of a job that had no checkpoint yet to start again from step 0
 as the new incarnation, reading nothing. The plain forms ``latest`` and ``<step>`` are read too.
 
@@ -42,6 +45,16 @@ class Restore:
     incarnation: int | None = None  # the incarnation the rank runs as after restoring
     of: int | None = None  # the incarnation that wrote ``step``
     fresh: bool = False  # no checkpoint yet: start from step 0, read nothing
+    world: int | None = None  # ranks that wrote ``step`` when not the reader's world (a regroup)
+
+
+def shard_for(rank: int, world: int | None) -> int:
+    """The shard of a step written by ``world`` ranks that ``rank`` restores: its own when that
+    world had it, else ``rank % world`` (data-parallel ranks hold equal replicas, so any rank's
+    shard is the state a new rank needs)."""
+    if not world or rank < world:
+        return rank
+    return rank % world
 
 
 def new_incarnation(incarnations: Iterable[int], now: datetime.datetime) -> int:
@@ -60,10 +73,12 @@ def restore_value(
     incarnation: int | None = None,
     of: int | None = None,
     fresh: bool = False,
+    world: int | None = None,
 ) -> str:
     """The annotation value for a rank to restore ``step`` (written by incarnation ``of``)
     from ``sources`` and run on as ``incarnation``; ``fresh``: to start from step 0 instead
-    (``step`` must be None: the job has no checkpoint yet)."""
+    (``step`` must be None: the job has no checkpoint yet); ``world``: the ranks that wrote
+``step``, when a regroup changed the gang's size since."""
     if fresh and step is not None:
         raise ValueError(f"a fresh start restores no step (got {step})")
     body: dict[str, object] = {"from": sorted(set(sources))}
@@ -77,6 +92,8 @@ def restore_value(
         body["incarnation"] = incarnation
     if of is not None and step is not None:
         body["of"] = of
+    if world is not None and step is not None:
+        body["world"] = world
     return json.dumps(body, separators=(",", ":"), sort_keys=True)
 
 
@@ -101,10 +118,12 @@ def parse_restore(value: str | None) -> Restore | None:
     sources = body.get("from") or []
     if not isinstance(sources, list) or not all(isinstance(s, str) for s in sources):
         raise ValueError("restore 'from' must be a list of host:port strings")
-    numbers = {k: body.get(k) for k in ("incarnation", "of")}
+    numbers = {k: body.get(k) for k in ("incarnation", "of", "world")}
     for key, number in numbers.items():
         if number is not None and (not isinstance(number, int) or number < 0):
             raise ValueError(f"restore {key!r} {number!r} must be a whole number >= 0")
+    if numbers["world"] == 0:
+        raise ValueError("restore 'world' must be at least 1")
     fresh = body.get("fresh", False)
     if not isinstance(fresh, bool) or (fresh and step is not None):
         raise ValueError(
@@ -117,6 +136,7 @@ def parse_restore(value: str | None) -> Restore | None:
         numbers["incarnation"],
         numbers["of"],
         fresh,
+        numbers["world"],
     )
 
 

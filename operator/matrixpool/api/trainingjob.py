@@ -41,6 +41,7 @@ RANKS_LISTED = 64
 # so that a long run never outgrows the API server's object size limit.
 KEPT_RECOVERIES = 20
 KEPT_PREEMPTIONS = 20
+KEPT_RESIZES = 20
 MAX_TTL_SECONDS = 31_536_000  # spec.ttlSecondsAfterFinished: at most a year
 
 
@@ -343,6 +344,37 @@ class Preemption(common.ApiModel):
     """The step its new pods were told to restore (annotation matrixpool.dev/restore)."""
 
 
+class ResizeReason(StrEnum):
+    """Why a job's gang changed size."""
+
+    TIME_SHARING = "TimeSharing"  # its SuperNode's time-sharing window changed its allowance
+    PREEMPTION = "Preemption"  # shrunk below spec.replicas for a higher priority
+    REPLICAS = "Replicas"  # back to (or now) spec.replicas: grown back, or the spec changed
+
+
+class Resize(common.ApiModel):
+    """One regroup: the gang's size changed, so every rank was replaced by one of the new size
+    and all restored the newest step every rank of the old size committed."""
+
+    id: str = Field(max_length=63)
+    """Names the regroup in the new pods' restore annotation (``resize-<id>``)."""
+    from_replicas: int = Field(ge=0)
+    """Ranks before (the world the restored step was written by)."""
+    to_replicas: int = Field(ge=0)
+    """Ranks after."""
+    reason: ResizeReason
+    """Why the size changed."""
+    started_at: datetime
+    """When the operator saw the gang's ranks disagree with its size and replaced them."""
+    restored_step: int | None = Field(default=None, ge=0)
+    """The step the new ranks were told to restore; absent when nothing was committed (they
+    started afresh) or while not known yet."""
+    finished_at: datetime | None = None
+    """When every rank of the new size was bound; absent while under way."""
+    seconds: float | None = Field(default=None, ge=0)
+    """From ``startedAt`` to ``finishedAt``."""
+
+
 class TimeSharingStatus(common.ApiModel):
     """The job under the time-sharing of its SuperNode."""
 
@@ -491,6 +523,8 @@ class TrainingJobStatus(common.ApiModel):
     """The recovery under way, if any."""
     preemptions: list[Preemption] = Field(default_factory=list, max_length=KEPT_PREEMPTIONS)
     """The newest preemptions (at most 20), oldest first."""
+    resizes: list[Resize] = Field(default_factory=list, max_length=KEPT_RESIZES)
+    """The newest regroups of an elastic gang to a new size (at most 20), oldest first."""
     conditions: list[common.Condition] = common.conditions_field()
     """Conditions."""
 

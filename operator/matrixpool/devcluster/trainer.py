@@ -12,7 +12,8 @@ What it does, as a real trainer would:
 1. At start it restores what the pod says (annotation ``matrixpool.dev/restore`` in its
    annotations file; see :mod:`matrixpool.k8s.daemonclient`), else starts at step 0; a
    restore that says ``fresh`` (the job had no checkpoint yet) starts at step 0 as the new
-   incarnation, reading nothing.
+   incarnation, reading nothing. After a regroup to more ranks (the restore names the
+   ``world`` that wrote the step), a rank that world lacked reads shard ``rank % world``.
 2. It advances one step every ``MATRIXPOOL_SIM_STEP_SECONDS`` and checkpoints as the job's spec
    says, with the real :class:`~matrixpool_recovery.client.Checkpointer`.
 3. After each step it waits until every rank of the gang finished it (:class:`Barrier`, the
@@ -224,10 +225,11 @@ class Trainer:
         narrow = ",".join(asked.sources)
         wide = ",".join(dict.fromkeys(p for p in [*peers, *asked.sources] if p))
         attempts = [narrow, wide] if asked.step is not None else [wide]
+        shard = restore_codec.shard_for(self.rank, asked.world)  # after a regroup to more ranks
         for index, listed in enumerate(attempts):
             reader = client.Checkpointer.from_env({**self.env, "MATRIXPOOL_CKPT_PEERS": listed})
             try:
-                restored = reader.restore(asked.step, incarnation=asked.of)
+                restored = reader.restore(asked.step, incarnation=asked.of, rank=shard)
                 break
             except errors.NoCheckpointError as error:
                 if index == len(attempts) - 1:
@@ -236,11 +238,13 @@ class Trainer:
             finally:
                 reader.close()
         self.checkpointer.base = restored.step
-        expected = state_of(self.job, self.rank, restored.step, self.size)
+        expected = state_of(self.job, shard, restored.step, self.size)
         report(
             rank=self.rank,
             step=restored.step,
             restored=restored.step,
+            shard=shard,
+            world=self.checkpointer.world_size,
             source=restored.source,
             intact=bytes(restored.state["state"]) == expected,
             recovery=asked.recovery,

@@ -101,6 +101,7 @@ class PodFacts:
     released: bool = False  # its job Succeeded: kept for its logs, its cards free (read model)
     requests: nodefit.Resources = ()  # what it requests of its node (cards included)
     ip: str = ""  # status.podIP: where an inference pod serves its /metrics (autoscaler)
+    world: int = 0  # env MATRIXPOOL_WORLD_SIZE of a training pod: the gang it was made for
 
     @property
     def key(self) -> str:
@@ -151,7 +152,18 @@ def pod_facts(
         uid=str(meta.get("uid") or ""),
         requests=tuple(sorted(nodefit.pod_requests(spec).items())),
         ip=str(status.get("podIP") or ""),
+        world=world_of(spec),
     )
+
+
+def world_of(spec: Mapping[str, Any]) -> int:
+    """The world size a training pod was created for (its containers' ``MATRIXPOOL_WORLD_SIZE``,
+    what its trainer reads; 0 when none says)."""
+    for container in spec.get("containers") or []:
+        for variable in container.get("env") or []:
+            if variable.get("name") == names.ENV_WORLD_SIZE:
+                return _number(str(variable.get("value") or ""))
+    return 0
 
 
 def _number(text: str | None) -> int:

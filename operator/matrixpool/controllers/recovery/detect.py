@@ -1,7 +1,9 @@
 """Step 1 of a recovery, **detect**: the faults under a bound gang's ranks (:func:`detect`,
 pure) — a rank's Node gone or not Ready (or its kubelet's Lease stale), its daemon unreachable,
 ``matrixpool.dev/unhealthy-cards`` covering one of its cards, its pod Failed (evicted too; a
-container that exits non-zero fails its pod). A pod that Succeeded is no fault; a finished job
+container that exits non-zero fails its pod). A gang whose ranks were made for another world
+than the job's size has none: the scheduler regroups it (:mod:`..scheduling.regroup`). A pod
+that Succeeded is no fault; a finished job
 (phase Succeeded, :mod:`matrixpool.controllers.lifecycle`) is not looked at. Node losses wait
 :data:`SETTLE_SECONDS` to be decided together (:func:`settled`). Called by
 :func:`.controller.step`.
@@ -15,6 +17,7 @@ import structlog
 
 from matrixpool import clock
 from matrixpool.controllers.recovery import memory
+from matrixpool.controllers.scheduling import regroup
 from matrixpool.k8s import convert
 from matrixpool.placement import inventory
 from matrixpool.state.workloads import Workload
@@ -38,6 +41,8 @@ def detect(
     live = [p for p in facts if not p.deleting]
     if len({p.rank for p in live if p.node}) < world_size or workload_suspended(workload):
         return []
+    if regroup.disagreeing(live, world_size) is not None:
+        return []  # made for another world: the scheduler regroups the whole gang
     silent = set(unreachable)
     expired = set(stale)
     found: dict[tuple[policy.FaultKind, str], tuple[set[int], set[int]]] = {}

@@ -41,6 +41,8 @@ class Memory:
     tasks: background.Tasks = field(default_factory=background.Tasks)  # answer checks by job
     # workload → status.preemptions as this cycle last wrote them (their only writer)
     preemptions: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # job → status.resizes as this cycle last wrote them (their only writer; .regroup)
+    resizes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     # gang → when it preempted (monotonic): until it binds, the cards its victims free are
     # held for it against lower priorities (engine.Snapshot.hold_free)
     nominated: dict[str, float] = field(default_factory=dict)
@@ -62,6 +64,7 @@ class Memory:
         self.resumes.pop(uid, None)
         self.conditions.pop(uid, None)
         self.preemptions.pop(uid, None)
+        self.resizes.pop(uid, None)
         self.kv_reasons.pop(uid, None)
         self.tasks.cancel(uid)
         for gang in [g for g in self.reasons if g == key or g.startswith(key + "/")]:

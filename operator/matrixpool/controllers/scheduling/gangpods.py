@@ -20,7 +20,7 @@ import structlog
 from matrixpool import clock
 from matrixpool.api import common, inferenceservice, labels, trainingjob
 from matrixpool.controllers import lifecycle, ranktable
-from matrixpool.controllers.scheduling import cyclestate, status
+from matrixpool.controllers.scheduling import cyclestate, regroup, status
 from matrixpool.k8s import convert, daemonclient, pods
 from matrixpool.placement import gangs
 from matrixpool.serving import pool as kv_pool
@@ -78,6 +78,15 @@ async def reconcile_pods(
         template_of = template(cycle, workload)
         resource = cycle.card_resource(workload)
         recovery = read_model.recovery_of(cycle.world, workload)
+        if plans and not recovery and isinstance(workload.model, trainingjob.TrainingJob):
+            live = [p for p in existing.values() if not p.deleting]
+            old = regroup.disagreeing(live, len(plans))
+            if old is not None:  # its ranks were made for another world: all are replaced
+                try:
+                    await regroup.start(cycle, workload, live, old, len(plans))
+                except Exception as error:  # e.g. a namespace being deleted: the others go on
+                    log.warning("could not regroup", workload=workload.key, error=str(error))
+                continue
         missing = [plan for plan in plans if plan.name not in existing]
         resume = resume_value(cycle, workload, existing) if missing and not recovery else ""
         wanted_gangs = wanted.get(workload.key, [])
@@ -144,20 +153,25 @@ def resume_value(
     then — asked in the background (:meth:`find_resume`), the answer read by a later
     cycle. The open ``status.preemptions`` record says the job must resume, so a restarted
     operator does the same; pods already told keep what they were told."""
-    opened = open_eviction(cycle, workload)
-    if opened is None:
+    resize = regroup.open_resize(cycle, workload)
+    opened = open_eviction(cycle, workload) if resize is None else None
+    if resize is not None:  # a regroup: the old world's newest step, fresh when none
+        tag = f"resize-{resize.get('id')}"
+        world: int | None = int(resize.get("fromReplicas") or 0) or None
+    elif opened is not None:
+        tag, world = f"preempt-{opened.get('requestId') or ''}", None
+    else:
         return ""
-    request = str(opened.get("requestId") or "")
-    tag = f"preempt-{request}"
     told = [p for p in existing.values() if restore_codec.restore_id(p.restore) == tag]
     if told:
         return told[0].restore
     cached = cycle.memory.resumes.get(workload.uid)
-    if cached is not None and cached[0] == request:
+    if cached is not None and cached[0] == tag:
         return cached[1]
     if existing:
-        return None  # the evicted pods are still going
-    cycle.memory.tasks.start(f"resume/{workload.uid}", find_resume(cycle, workload, request))
+        return None  # the old pods are still going
+    found = find_resume(cycle, workload, tag, world, fresh=resize is not None)
+    cycle.memory.tasks.start(f"resume/{workload.uid}", found)
     return None
 
 
@@ -172,13 +186,23 @@ def open_eviction(cycle: cyclestate.CycleState, workload: Workload) -> Mapping[s
     return last
 
 
-async def find_resume(cycle: cyclestate.CycleState, workload: Workload, request: str) -> None:
-    """The restore value of an evicted job's new pods: the newest step every rank
-    committed (one incarnation) on its SuperNode's daemons or its tier 3."""
+async def find_resume(
+    cycle: cyclestate.CycleState,
+    workload: Workload,
+    tag: str,
+    world: int | None = None,
+    *,
+    fresh: bool = False,
+) -> None:
+    """The restore value of an evicted or regrouped job's new pods (named ``tag``): the newest
+    step every rank of ``world`` (default: the size it runs at now) committed (one
+    incarnation) on its SuperNode's daemons or its tier 3. When there is none: "" (no
+    restore), or with ``fresh`` a fresh start as a new incarnation, named ``tag``."""
     assert isinstance(workload.model, trainingjob.TrainingJob)
     spec = workload.model.spec
     tiers = spec.checkpoint
     value = ""
+    runs = None  # what the daemons and tier 3 hold of the job
     if tiers.memory or tiers.local or tiers.persistent:
         home = spec.super_node
         endpoints = {
@@ -187,18 +211,29 @@ async def find_resume(cycle: cyclestate.CycleState, workload: Workload, request:
             if n.endpoint and (not home or cycle.supernode_of.get(str(n.name)) == home)
         }
         persistent = tiers.persistent.uri if tiers.persistent else None
-        found = await cycle.act.inventory(workload.uid, endpoints, persistent)
-        step = found.newest_complete(read_model.replicas_now(cycle.world, workload))
+        found = runs = await cycle.act.inventory(workload.uid, endpoints, persistent)
+        now = read_model.replicas_now(cycle.world, workload)
+        step = found.newest_complete(world or now)
         if step is not None:
             value = restore_codec.restore_value(
                 step,
                 found.holders(step),
-                f"preempt-{request}",
+                tag,
                 incarnation=found.new_incarnation(clock.SYSTEM.now()),
                 of=found.incarnation_of(step),
+                world=world if world and world != now else None,
             )
-    cycle.memory.resumes[workload.uid] = (request, value)
-    log.info("evicted job resumes", job=workload.key, request=request, restore=value or None)
+    if not value and fresh:
+        value = restore_codec.restore_value(
+            None,
+            recovery_id=tag,
+            incarnation=runs.new_incarnation(clock.SYSTEM.now())
+            if runs is not None
+            else restore_codec.new_incarnation((), clock.SYSTEM.now()),
+            fresh=True,
+        )
+    cycle.memory.resumes[workload.uid] = (tag, value)
+    log.info("job resumes", job=workload.key, request=tag, restore=value or None)
 
 
 def serving_contract(

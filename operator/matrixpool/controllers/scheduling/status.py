@@ -12,7 +12,8 @@ field                                                    writer
 =======================================================  ==================================
 ``phase``, ``replicas``, ``placement``, ``conditions``,  this cycle (phase 7; ``replicas``,
 ``observedGeneration``, ``roles``, ``roleSummary``,      ``conditions`` and ``preemptions``
-``expertMap``, ``preemptions``, ``completionTime``       also at a preemption)
+``expertMap``, ``preemptions``, ``completionTime``,      also at a preemption;
+``resizes``                                              ``resizes`` at a regroup's start)
 ``recovering``, ``recoveries``, ``recoveryCount``,       :mod:`matrixpool.controllers.recovery`
 ``checkpoints``
 ``timeSharing``                                          :mod:`matrixpool.controllers.timeshare`
@@ -31,7 +32,7 @@ import structlog
 from matrixpool import clock
 from matrixpool.api import common, inferenceservice, trainingjob
 from matrixpool.controllers import lifecycle
-from matrixpool.controllers.scheduling import cyclestate, kvadmission
+from matrixpool.controllers.scheduling import cyclestate, kvadmission, regroup
 from matrixpool.k8s import convert, pods
 from matrixpool.placement import gangs, model
 from matrixpool.serving import pool as kv_pool
@@ -67,9 +68,12 @@ async def report(
                 cycle.world,
                 conditions_of(cycle, workload),
                 preemptions_of(cycle, workload),
+                regroup.resizes_of(cycle, workload),
             )
             if "preemptions" in status:
                 cycle.memory.preemptions[workload.uid] = status["preemptions"]
+            if "resizes" in status:
+                cycle.memory.resizes[workload.uid] = status["resizes"]
             status = cycle.shares.amend(workload.key, status)  # time-sharing phase, desired
             plural = trainingjob.PLURAL
         else:
@@ -290,6 +294,7 @@ def training_status(
     world: World,
     conditions_now: Sequence[common.Condition] | None = None,
     preemptions: Sequence[Mapping[str, Any]] = (),
+    resizes: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     current = list(conditions_now) if conditions_now is not None else _conditions(workload.status)
     if read_model.succeeded(world, workload):
@@ -351,7 +356,26 @@ def training_status(
         status["preemptions"] = (
             resumed(preemptions, facts) if complete else [dict(p) for p in preemptions]
         )
+    if resizes:
+        status["resizes"] = (
+            regroup.finished(resizes, facts, _told_steps(facts))
+            if complete
+            else [dict(r) for r in resizes]
+        )
     return status
+
+
+def _told_steps(facts: Sequence[convert.PodFacts]) -> set[int]:
+    """The steps the pods' restore annotations name."""
+    steps = set()
+    for pod in facts:
+        try:
+            told = restore_codec.parse_restore(pod.restore)
+        except ValueError:
+            continue
+        if told is not None and told.step is not None:
+            steps.add(told.step)
+    return steps
 
 
 def resumed(
@@ -363,14 +387,7 @@ def resumed(
     last = history[-1]
     if last.get("resumedAt") or last.get("replicasKept") is not None:
         return history
-    steps = set()
-    for pod in facts:
-        try:
-            told = restore_codec.parse_restore(pod.restore)
-        except ValueError:
-            continue
-        if told is not None and told.step is not None:
-            steps.add(told.step)
+    steps = _told_steps(facts)
     last["resumedAt"] = clock.SYSTEM.now().isoformat().replace("+00:00", "Z")
     if len(steps) == 1:
         last["restoredStep"] = steps.pop()

@@ -1,0 +1,148 @@
+"""A TrainingJob's gang regrouped at a new size (part of phase 3, called by :mod:`.gangpods`).
+
+Rule: a trainer learns its world once, when its process starts (``WORLD_SIZE``,
+``MATRIXPOOL_WORLD_SIZE``: torchrun and ``init_process_group`` read them then), so ranks of
+different worlds cannot train together: a collective waits for ranks that are gone, or never
+hears of the new ones. When the size the job runs at now (:func:`read_model.replicas_now`:
+``spec.replicas``, a preemption's shrink, time-sharing's allowance) differs from the world its
+live pods were made for (:func:`disagreeing`, the detection), every pod of the gang is
+replaced: all are deleted; once they are gone, the new size's pods are created as a new gang,
+each told to restore (annotation ``matrixpool.dev/restore``) the newest step every rank of the
+old world committed then, with ``"world": <old size>`` so that a rank the old world lacked
+reads shard ``rank % world`` (:func:`matrixpool_recovery.restore.shard_for`) and a DCP trainer
+reshards. New pods rather than an annotation to the ranks that stay: an unmodified torchrun job
+cannot change its world in a running process.
+
+``status.resizes`` (at most :data:`trainingjob.KEPT_RESIZES`, this cycle their only writer)
+records each regroup, opened when it starts (so an operator restarted half-way resumes it: the
+open record tells what the new pods restore) and closed by :mod:`.status` once the new gang is
+bound. A job under recovery is left to the recovery; the next cycle regroups it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import structlog
+
+from matrixpool import clock
+from matrixpool.api import common, trainingjob
+from matrixpool.controllers.scheduling import cyclestate
+from matrixpool.k8s import convert
+from matrixpool.state.workloads import Workload
+from matrixpool_recovery import restore as restore_codec
+
+log = structlog.get_logger(__name__)
+
+
+def disagreeing(live: Sequence[convert.PodFacts], size: int) -> int | None:
+    """The world of the gang's live ranks when any of them was made for another size than
+    ``size`` (the smallest such world: the one whose steps are complete for every rank), else
+    None (pure). Pods that do not say their world (made by an older operator) do not count."""
+    worlds = {p.world for p in live if p.world}
+    if not worlds or worlds == {size}:
+        return None
+    return min(worlds)
+
+
+def reason(workload: Workload, to: int, time_shared: bool) -> trainingjob.ResizeReason:
+    assert isinstance(workload.model, trainingjob.TrainingJob)
+    if time_shared:
+        return trainingjob.ResizeReason.TIME_SHARING
+    if to < workload.model.spec.replicas:
+        return trainingjob.ResizeReason.PREEMPTION
+    return trainingjob.ResizeReason.REPLICAS
+
+
+def resizes_of(cycle: cyclestate.CycleState, workload: Workload) -> list[dict[str, Any]]:
+    """status.resizes as this cycle last wrote them, else as the index shows them."""
+    remembered = cycle.memory.resizes.get(workload.uid)
+    if remembered is not None:
+        return [dict(r) for r in remembered]
+    return [dict(r) for r in workload.status.get("resizes") or []]
+
+
+def open_resize(cycle: cyclestate.CycleState, workload: Workload) -> Mapping[str, Any] | None:
+    """The regroup under way (its new gang not bound yet), or None."""
+    history = resizes_of(cycle, workload)
+    last = history[-1] if history else None
+    return last if last is not None and not last.get("finishedAt") else None
+
+
+async def start(
+    cycle: cyclestate.CycleState,
+    workload: Workload,
+    live: Sequence[convert.PodFacts],
+    old: int,
+    size: int,
+) -> None:
+    """Replace every live pod of a gang made for ``old`` ranks by ``size`` new ones: open the
+    record (unless one is open: its new pods are not all made yet) and delete them all."""
+    opened = open_resize(cycle, workload)
+    if opened is None:
+        why = reason(workload, size, workload.key in cycle.shares.training)
+        record = common.to_wire(
+            trainingjob.Resize(
+                id=uuid.uuid4().hex[:12],
+                from_replicas=old,
+                to_replicas=size,
+                reason=why,
+                started_at=clock.SYSTEM.now(),
+            )
+        )
+        history = [*resizes_of(cycle, workload), record][-trainingjob.KEPT_RESIZES :]
+        cycle.memory.resizes[workload.uid] = history
+        await cycle.act.patch_status(
+            trainingjob.PLURAL, workload.namespace, workload.name, {"resizes": history}
+        )
+        verb = "shrinks" if size < old else "grows"
+        cycle.event(
+            workload,
+            "Normal",
+            "Regrouping",
+            f"the gang {verb} from {old} to {size} ranks ({why.value}): every rank is replaced "
+            "by one of the new world, which restores the newest step all old ranks committed",
+        )
+        log.info("regroup", job=workload.key, old=old, new=size, reason=why.value)
+    elif int(opened.get("toReplicas") or 0) != size:  # the size moved again meanwhile
+        history = resizes_of(cycle, workload)
+        history[-1] = {**history[-1], "toReplicas": size}
+        cycle.memory.resizes[workload.uid] = history
+        await cycle.act.patch_status(
+            trainingjob.PLURAL, workload.namespace, workload.name, {"resizes": history}
+        )
+    going = [p for p in live if not p.deleting]
+    await cycle.act.delete_pods([(p.namespace, p.name) for p in going])
+    for pod in going:
+        cycle.assumed.deleting(pod)
+
+
+def finished(
+    resizes: Sequence[Mapping[str, Any]], facts: Sequence[convert.PodFacts], steps: set[int]
+) -> list[dict[str, Any]]:
+    """status.resizes once the new gang is bound (pure): the open regroup closed with when,
+    how long it took and the step its pods were told to restore (``steps``: those the pods'
+    restore annotations name; one when they all agree)."""
+    history = [dict(r) for r in resizes]
+    last = history[-1] if history else None
+    if last is None or last.get("finishedAt"):
+        return history
+    tag = f"resize-{last.get('id')}"
+    live = [p for p in facts if not p.deleting]
+    if not live or not all(restore_codec.restore_id(p.restore) == tag for p in live):
+        return history  # not the regroup's pods (yet)
+    now = clock.SYSTEM.now()
+    last["toReplicas"] = len(live)  # the size may have moved again before the new pods came
+    last["finishedAt"] = now.isoformat().replace("+00:00", "Z")
+    try:
+        started = datetime.datetime.fromisoformat(str(last.get("startedAt")).replace("Z", "+00:00"))
+        last["seconds"] = round(max(0.0, (now - started).total_seconds()), 3)
+    except ValueError:
+        pass  # a record an earlier writer left without a readable start
+    if len(steps) == 1:
+        last["restoredStep"] = next(iter(steps))
+    return history
+

@@ -1,0 +1,198 @@
+"""A gang regrouped at a new size (issue 32, item 1), from the cycle's side: ranks made for
+another world are all replaced, the new pods restore the newest step every rank of the old
+world committed (saying that world), ``status.resizes`` records it from start to end, and the
+recovery sees no fault in a gang that disagrees on its world. No API server
+(tests/unit/recorder.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+import pytest
+
+from matrixpool.controllers.recovery import detect
+from matrixpool.controllers.scheduling import cycle as scheduler
+from matrixpool.controllers.scheduling import cyclestate, gangpods, regroup
+from matrixpool.k8s import daemonclient
+from matrixpool.placement import inventory
+from matrixpool.state import assumed as assuming
+from matrixpool.state import world
+from matrixpool_recovery import restore as restore_codec
+from tests.unit.recorder import Recorder
+from tests.unit.worlds import fixed_world, held, index, job, running
+
+
+def cycle(seen: world.World, memory: cyclestate.Memory, executor: Recorder) -> None:
+    asyncio.run(scheduler.Cycle(seen, memory, assuming.Assumed(), executor).run())
+
+
+def elastic(desired: int, replicas: int = 4, **status: Any) -> Any:
+    """Job ``e`` of ``replicas`` ranks (at least 2) that a preemption shrank to ``desired``."""
+    return job(
+        "e",
+        replicas,
+        checkpoint=True,
+        minReplicas=2,
+        status={"replicas": {"desired": desired}, **status},
+    )
+
+
+def resizes(executor: Recorder) -> list[dict[str, Any]]:
+    written = executor.status_of("e", "resizes")
+    return list(written[-1]) if written else []
+
+
+def test_disagreeing_names_the_old_world_only_when_it_differs() -> None:
+    four = running("e", 4, world=4)
+    assert regroup.disagreeing(four, 4) is None
+    assert regroup.disagreeing(four, 2) == 4
+    assert regroup.disagreeing(four[:2], 4) is None  # ranks missing: a recovery's business
+    assert regroup.disagreeing(running("e", 2, world=2), 4) == 2  # a grow: made for 2
+    mixed = [*running("e", 2, world=2), *running("e", 2, world=4)]
+    assert regroup.disagreeing(mixed, 4) == 2  # the smaller world: its steps cover every rank
+    assert regroup.disagreeing(running("e", 4), 2) is None  # pods that do not say their world
+
+
+def test_a_shrunk_gang_is_replaced_whole_and_the_regroup_recorded() -> None:
+    seen = fixed_world(index(*running("e", 4, world=4)), [elastic(2)])
+    executor, memory = Recorder(), cyclestate.Memory()
+
+    cycle(seen, memory, executor)
+
+    assert sorted(executor.deleted) == [f"ns/e-{r}" for r in range(4)]  # the ranks that stay too
+    assert executor.created == []  # the new ones wait until the old are gone
+    (record,) = resizes(executor)
+    assert (record["fromReplicas"], record["toReplicas"]) == (4, 2)
+    assert record["reason"] == "Preemption"
+    assert record["startedAt"] and not record.get("finishedAt")
+    assert executor.reasons("e")[0] == "Regrouping"  # (then Grown: no preemptor holds the cards)
+    message = next(m for name, _, r, m in executor.events if r == "Regrouping")
+    assert "shrinks from 4 to 2 ranks" in message
+
+
+def test_the_new_gang_restores_the_old_worlds_newest_complete_step_and_closes_the_record() -> (
+    None
+):
+    opened = {
+        "id": "abc",
+        "fromReplicas": 4,
+        "toReplicas": 2,
+        "reason": "Preemption",
+        "startedAt": "2026-11-30T10:00:00Z",
+    }
+    e = elastic(2, resizes=[opened])
+    seen = fixed_world(index(), [e])
+    executor, memory = Recorder(), cyclestate.Memory()
+    # Step 6 is held for all 4 old ranks; step 8 for ranks 0 and 1 only: complete for a world of
+    # 2, but not for the world that wrote it.
+    executor.inventories["uid-e"] = daemonclient.Inventory(
+        tuple(
+            [held("uid-e", 6, r, f"n{r}") for r in range(4)]
+            + [held("uid-e", 8, r, f"n{r}") for r in range(2)]
+        )
+    )
+    asked = scheduler.Cycle(seen, memory, assuming.Assumed(), executor).state
+    asyncio.run(gangpods.find_resume(asked, e, "resize-abc", 4, fresh=True))
+
+    cycle(seen, memory, executor)
+
+    made = executor.created
+    assert sorted(m["metadata"]["name"] for m in made) == ["e-0", "e-1"]
+    told = {m["metadata"]["annotations"]["matrixpool.dev/restore"] for m in made}
+    assert len(told) == 1
+    restore = restore_codec.parse_restore(told.pop())
+    assert restore is not None
+    assert (restore.step, restore.world, restore.recovery) == (6, 4, "resize-abc")
+    env = {v["name"]: v.get("value") for v in made[0]["spec"]["containers"][0]["env"]}
+    assert env["MATRIXPOOL_WORLD_SIZE"] == "2"
+
+    # Bound and running, with what they were told: the record is closed.
+    value = made[0]["metadata"]["annotations"]["matrixpool.dev/restore"]
+    bound = fixed_world(index(*running("e", 2, world=2, restore=value)), [e])
+    cycle(bound, memory, executor)
+    (record,) = resizes(executor)
+    assert record["restoredStep"] == 6
+    assert record["finishedAt"] and record["seconds"] >= 0
+    assert executor.deleted == []  # the new world is the job's size: nothing is replaced
+
+
+def test_a_grown_gang_says_the_smaller_world_that_wrote_the_step() -> None:
+    e = job("e", 4, checkpoint=True, minReplicas=2)  # spec.replicas again: grown back
+    seen = fixed_world(index(*running("e", 2, world=2)), [e])
+    executor, memory = Recorder(), cyclestate.Memory()
+    cycle(seen, memory, executor)
+    (record,) = resizes(executor)
+    assert (record["fromReplicas"], record["toReplicas"], record["reason"]) == (2, 4, "Replicas")
+
+    executor.inventories["uid-e"] = daemonclient.Inventory(
+        tuple(held("uid-e", 10, r, f"n{r}") for r in range(2))
+    )
+    gone = fixed_world(index(), [dataclasses.replace(e, status={"resizes": [record]})])
+    state = scheduler.Cycle(gone, memory, assuming.Assumed(), executor).state
+    tag = f"resize-{record['id']}"
+    asyncio.run(gangpods.find_resume(state, gone.workloads[0], tag, 2, fresh=True))
+    cycle(gone, memory, executor)
+    values = {m["metadata"]["annotations"]["matrixpool.dev/restore"] for m in executor.created}
+    (value,) = values
+    restore = restore_codec.parse_restore(value)
+    assert restore is not None and (restore.step, restore.world) == (10, 2)
+    assert len(executor.created) == 4
+    assert [restore_codec.shard_for(r, restore.world) for r in range(4)] == [0, 1, 0, 1]
+
+
+def test_a_regroup_with_nothing_committed_starts_afresh_as_a_new_run() -> None:
+    opened = {
+        "id": "xyz",
+        "fromReplicas": 4,
+        "toReplicas": 2,
+        "reason": "Preemption",
+        "startedAt": "2026-11-30T10:00:00Z",
+    }
+    e = elastic(2, resizes=[opened])
+    seen = fixed_world(index(), [e])
+    memory, executor = cyclestate.Memory(), Recorder()
+    asked = scheduler.Cycle(seen, memory, assuming.Assumed(), executor).state
+    asyncio.run(gangpods.find_resume(asked, e, "resize-xyz", 4, fresh=True))
+    cycle(seen, memory, executor)
+    restore = restore_codec.parse_restore(
+        executor.created[0]["metadata"]["annotations"]["matrixpool.dev/restore"]
+    )
+    assert restore is not None
+    assert (restore.fresh, restore.recovery) == (True, "resize-xyz")
+    assert restore.incarnation is not None
+
+
+def test_recovery_sees_no_fault_in_a_gang_made_for_another_world() -> None:
+    nodes = {
+        f"n{i}": inventory.NodeInfo(
+            name=inventory.NodeName(f"n{i}"), labels={}, ready=i != 1, cards={}, down=i == 1
+        )
+        for i in range(4)
+    }
+    old = running("e", 4, world=4)
+    assert detect.detect(4, old, nodes, ()) != []  # n1 down under the old world: a fault
+    assert detect.detect(2, old, nodes, ()) == []  # but the job runs at 2 now: a regroup
+
+
+@pytest.mark.parametrize(
+    ("value", "world"),
+    [
+        (restore_codec.restore_value(6, [], "resize-a", incarnation=9, of=1, world=4), 4),
+        (restore_codec.restore_value(6, [], "r1", incarnation=9, of=1), None),
+    ],
+)
+def test_the_restore_annotation_carries_the_old_world(value: str, world: int | None) -> None:
+    restore = restore_codec.parse_restore(value)
+    assert restore is not None and restore.world == world
+
+
+def test_an_unreadable_world_is_refused() -> None:
+    with pytest.raises(ValueError, match="world"):
+        restore_codec.parse_restore('{"step": 3, "world": 0}')
+    with pytest.raises(ValueError, match="world"):
+        restore_codec.parse_restore('{"step": 3, "world": "four"}')
+    assert restore_codec.shard_for(5, 4) == 1
+    assert restore_codec.shard_for(3, 4) == 3
+    assert restore_codec.shard_for(3, None) == 3
