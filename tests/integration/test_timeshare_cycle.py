@@ -77,6 +77,7 @@ def workloads(uri: str) -> list[manifests.Manifest]:
 @dataclass
 class Sample:
     at: float
+    wall: float  # time.time(): to compare with the status' timestamps
     owners: dict[str, int]  # workload name → bound pods
     cards: dict[str, int]  # kind → cards held
 
@@ -117,7 +118,9 @@ class Watcher:
             twice = [k for k, n in held.items() if n > 1]
             if twice:
                 self.twice.append((time.monotonic(), twice[:5]))
-            self.samples.append(Sample(time.monotonic(), dict(owners), dict(cards)))
+            self.samples.append(
+                Sample(time.monotonic(), time.time(), dict(owners), dict(cards))
+            )
             time.sleep(self.period)
 
 
@@ -177,6 +180,7 @@ def test_day_night_day_cycle_on_one_supernode(
     ).start()
     watcher = Watcher(cluster, namespace)
     thread = threading.Thread(target=watcher.run, daemon=True)
+    regrouping: list[tuple[float, float]] = []  # (start, end) of each regroup, time.time()
     try:
         for manifest in workloads(f"file://{tmp_path / 'persistent'}"):
             cluster.kubectl("apply", "-n", namespace, "-f", "-", input=manifest.yaml())
@@ -213,6 +217,29 @@ def test_day_night_day_cycle_on_one_supernode(
         # The elastic job shrank at day with a checkpoint and never went below its floor.
         elastic = job(cluster, namespace, "elastic")
         assert not elastic["status"]["timeSharing"].get("checkpointRequest")
+        # Each size change regrouped the whole gang (issue 32): the ranks of the new world all
+        # restored the step the regroup names, and all of them made steps after it.
+        resizes = framework.eventually(
+            lambda: finished_resizes(job(cluster, namespace, "elastic")),
+            timeout=30,
+            what="the elastic job's regroups finished",
+        )
+        print("resizes:", json.dumps(resizes))
+        assert [(r["fromReplicas"], r["toReplicas"]) for r in resizes[-2:]] == [(32, 7), (7, 32)]
+        assert {r["reason"] for r in resizes} == {"TimeSharing"}
+        for resize in resizes[-2:]:
+            ranks = resize["toReplicas"]
+            after = framework.eventually(
+                lambda resize=resize, ranks=ranks: regrouped(
+                    sim.folder, namespace, "elastic", f"resize-{resize['id']}", ranks
+                ),
+                timeout=30,
+                what=f"every rank of the regroup to {ranks} stepping on",
+            )
+            assert {restored for restored, _ in after.values()} == {resize["restoredStep"]}, after
+        regrouping.extend(
+            (instant(r["startedAt"]) - 1, instant(r["finishedAt"]) + 2) for r in resizes
+        )
         events = json.loads(
             cluster.kubectl(
                 "get", "events", "-A", "--field-selector", f"involvedObject.name={SN}", "-o", "json"
@@ -230,7 +257,13 @@ def test_day_night_day_cycle_on_one_supernode(
     running = [s for s in watcher.samples if s.owners.get("elastic")]
     assert running, "the elastic job never ran"
     first = running[0].at
-    floor = [s for s in watcher.samples if s.at >= first + 5]  # once it is placed
+    # Once it is placed, never below its floor — but while a regroup replaces its pods (issue
+    # 32: every rank restarts in the new world) none of its pods runs.
+    floor = [
+        s
+        for s in watcher.samples
+        if s.at >= first + 5 and not any(start <= s.wall <= end for start, end in regrouping)
+    ]
     assert all(s.owners.get("elastic", 0) >= ELASTIC_MIN for s in floor), [
         s.owners for s in floor if s.owners.get("elastic", 0) < ELASTIC_MIN
     ][:3]
@@ -278,6 +311,42 @@ def check_split(
 
 def _instant(text: str) -> dt.datetime:
     return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def instant(text: str) -> float:
+    return _instant(text).timestamp()
+
+
+def finished_resizes(body: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """status.resizes once there are two and none is under way."""
+    found = list((body.get("status") or {}).get("resizes") or [])
+    return found if len(found) >= 2 and all(r.get("finishedAt") for r in found) else None
+
+
+def regrouped(
+    folder: Path, namespace: str, name: str, tag: str, ranks: int
+) -> dict[int, tuple[int, int]] | None:
+    """Rank → (the step it restored for regroup ``tag``, the newest step it made after), once
+    every rank of the new world restored and made at least two steps more."""
+    found: dict[int, tuple[int, int]] = {}
+    for log in (folder / "trainers").glob(f"*.{namespace}.{name}-*.log"):
+        rank, restored, newest = -1, -1, -1
+        for line in log.read_text(errors="replace").splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if entry.get("recovery") == tag and entry.get("restored") is not None:
+                assert entry.get("intact", True), entry
+                assert entry.get("world") == ranks, entry
+                rank, restored, newest = int(entry["rank"]), int(entry["restored"]), -1
+            elif rank >= 0 and entry.get("rank") == rank and entry.get("restored") is None:
+                if entry.get("recovery"):  # a later restore: this run of the rank ended
+                    break
+                newest = max(newest, int(entry.get("step") or -1))
+        if rank >= 0 and newest >= restored + 2:
+            found[rank] = (restored, newest)
+    return found if sorted(found) == list(range(ranks)) else None
 
 
 def restored_steps(folder: Path, namespace: str, name: str, ranks: int) -> dict[int, int] | None:
