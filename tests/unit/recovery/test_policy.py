@@ -6,6 +6,7 @@ n4 and spare s2. Tier-1 peers cross racks: n1↔n3, n2↔n4.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -492,3 +493,39 @@ def test_spare_swap_targets_are_distinct_free_spares_of_the_same_supernode(
         assert target in free.nodes[job.supernode_of[job.node_of[rank]]]
         assert spare_of.setdefault(job.node_of[rank], target) == target
     assert len(set(spare_of.values())) == len(spare_of)
+
+
+@SETTINGS
+@given(situations())
+def test_several_faults_are_one_plan_that_loses_no_rank_and_prefers_the_cheapest_level(
+    situation: tuple[list[Fault], JobView, list[Copy], policy.Spares],
+) -> None:
+    """Issue 32, item 2: faults on up to three nodes at once are one plan; every rank they hit
+    is restarted or moved (none is left behind), no spare takes two nodes' ranks, and a
+    cheaper allowed level that would work is always chosen — spares are used before the whole
+    gang is placed again (Reschedule only when they run out or cannot restore)."""
+    faults, job, copies, free = situation
+    plan = policy.decide(faults, job, copies, free)
+    if not isinstance(plan, policy.Plan):
+        return
+    lost = {f.node for f in faults if f.kind in policy.NODE_LOSSES}
+    hit = {r for r, n in job.node_of.items() if n in lost}
+    assert hit <= plan.ranks  # no rank on a lost node is left where it was
+    assert not any(t in lost or t in job.node_of.values() for t in plan.targets.values())
+    for cheaper in ALL[: ALL.index(plan.level)]:
+        if cheaper not in job.levels:
+            continue
+        alone = policy.decide(faults, dataclasses.replace(job, levels=(cheaper,)), copies, free)
+        assert isinstance(alone, policy.Failed), (plan.level, cheaper, alone)
+    if plan.level == Level.RESCHEDULE:
+        assert plan.ranks == frozenset(range(job.world_size))
+        # nodes whose ranks must leave (lost, or an unhealthy card: the cards of the ranks on a
+        # node cover all 8, so every such fault hits one)
+        needing = {f.node for f in faults if f.kind in policy.NODE_LOSSES}
+        needing |= {f.node for f in faults if f.kind == FaultKind.CARDS_UNHEALTHY}
+        if Level.SPARE_SWAP in job.levels and len(needing) <= len(free.nodes.get("sn-a", ())):
+            swap = policy.decide(
+                faults, dataclasses.replace(job, levels=(Level.SPARE_SWAP,)), copies, free
+            )
+            assert isinstance(swap, policy.Failed)
+            assert "none left" not in swap.reason, swap.reason  # not for want of spares
