@@ -41,6 +41,17 @@ CYCLE_SECONDS = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
 
+REGROUPS = Counter(
+    "matrixpool_regroups_total",
+    "Elastic gangs regrouped at a new size (every rank replaced), by reason.",
+    ["reason"],
+)
+REGROUP_SECONDS = Histogram(
+    "matrixpool_regroup_duration_seconds",
+    "Seconds from a regroup's start to every rank of the new size bound.",
+    buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300),
+)
+
 
 RECOVERIES = Counter(
     "matrixpool_recoveries_total",

@@ -131,6 +131,11 @@ def worker(root: Path) -> None:
                 raise AssertionError(f"{where}: {k} differs after dcp.load")
     dist.barrier()
     dist.destroy_process_group()
+    print(f"smoke worker {rank}: every check passed", file=sys.stderr, flush=True)
+    # Every check passed. Leave without the interpreter's teardown: torch 2.15 now and then
+    # aborts there ("terminate called without an active exception", a native thread still
+    # joinable), which says nothing about the image.
+    os._exit(0)
 
 
 def main() -> None:

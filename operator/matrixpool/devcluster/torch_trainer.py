@@ -169,15 +169,26 @@ def digest(model: Any) -> str:
     return hasher.hexdigest()
 
 
-def reference_digest(steps: int, world_size: int, settings: Settings | None = None) -> str:
+def reference_digest(
+    steps: int,
+    world_size: int,
+    settings: Settings | None = None,
+    regroups: Sequence[tuple[int, int]] = (),
+) -> str:
     """The parameters' digest after ``steps`` fault-free steps of ``world_size`` ranks,
-    computed in this process: the ranks' gradients one after the other, as one replica."""
+    computed in this process: the ranks' gradients one after the other, as one replica.
+    ``regroups``: (step restored, new world size) of each regroup, in order — the steps after
+    one are made by that many ranks (an elastic job shrunk or grown: docs/concepts.md)."""
     settings = settings or Settings()
     with deterministic():
         model = model_for(settings)
         optimizer = optimizer_for(model)
         for step in range(1, steps + 1):
-            gradients = [local_gradient(model, settings, step, r)[0] for r in range(world_size)]
+            world = world_size
+            for restored, size in regroups:
+                if step > restored:
+                    world = size
+            gradients = [local_gradient(model, settings, step, r)[0] for r in range(world)]
             apply(model, optimizer, average(gradients))
         return digest(model)
 

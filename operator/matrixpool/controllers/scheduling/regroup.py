@@ -28,7 +28,7 @@ from typing import Any
 
 import structlog
 
-from matrixpool import clock
+from matrixpool import clock, metrics
 from matrixpool.api import common, trainingjob
 from matrixpool.controllers.scheduling import cyclestate
 from matrixpool.k8s import convert
@@ -106,6 +106,7 @@ async def start(
             f"the gang {verb} from {old} to {size} ranks ({why.value}): every rank is replaced "
             "by one of the new world, which restores the newest step all old ranks committed",
         )
+        metrics.REGROUPS.labels(why.value).inc()
         log.info("regroup", job=workload.key, old=old, new=size, reason=why.value)
     elif int(opened.get("toReplicas") or 0) != size:  # the size moved again meanwhile
         history = resizes_of(cycle, workload)
@@ -123,7 +124,7 @@ async def start(
 def finished(
     resizes: Sequence[Mapping[str, Any]], facts: Sequence[convert.PodFacts], steps: set[int]
 ) -> list[dict[str, Any]]:
-    """status.resizes once the new gang is bound (pure): the open regroup closed with when,
+    """status.resizes once the new gang is bound: the open regroup closed with when,
     how long it took and the step its pods were told to restore (``steps``: those the pods'
     restore annotations name; one when they all agree)."""
     history = [dict(r) for r in resizes]
@@ -140,6 +141,7 @@ def finished(
     try:
         started = datetime.datetime.fromisoformat(str(last.get("startedAt")).replace("Z", "+00:00"))
         last["seconds"] = round(max(0.0, (now - started).total_seconds()), 3)
+        metrics.REGROUP_SECONDS.observe(last["seconds"])
     except ValueError:
         pass  # a record an earlier writer left without a readable start
     if len(steps) == 1:

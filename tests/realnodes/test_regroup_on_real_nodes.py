@@ -1,0 +1,201 @@
+"""An elastic PyTorch job on real nodes shrinks and grows back (issue 32, items 1 and 3): the
+example trainer (matrixpool.devcluster.torch_trainer: gloo, model and Adam through DCP on
+matrixpool_recovery.torch) as 3 ranks of at least 2 on sn-real. A higher-priority job that
+needs one node arrives: the elastic job is asked to checkpoint, answers, and shrinks — the
+whole gang regroups at 2 ranks, each restoring the newest step all 3 committed. The
+higher-priority job goes: it grows back, the 3 new ranks restoring what the 2 committed (rank 2
+reads what the 2-rank world saved: DCP maps every item to the rank that saved it). Every rank of
+each new world restores the same step and steps on, and the job Succeeds with every rank's
+parameters bitwise those of a fault-free run of the same world schedule (3 ranks to the first
+regroup's step, 2 to the second's, then 3), computed in one process."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tests.integration import framework
+from tests.realnodes.conftest import (
+    IMAGE,
+    REAL_SUPERNODE,
+    SPARE,
+    EndedPods,
+    Watched,
+    last_line,
+    supernode,
+)
+from tests.realnodes.test_pytorch_on_real_nodes import PERSISTENT, job
+
+JOB = "torch-elastic"
+STEPS = 90
+RANKS, FLOOR = 3, 2
+
+
+def elastic() -> dict[str, Any]:
+    """The example trainer's job, 3 ranks of at least 2, a step every 0.5 s."""
+    body = job()
+    body["metadata"]["name"] = JOB
+    spec = body["spec"]
+    spec["replicas"], spec["minReplicas"], spec["priority"] = RANKS, FLOOR, 10
+    [container] = spec["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    env |= {"MATRIXPOOL_SIM_STEPS": str(STEPS), "MATRIXPOOL_SIM_STEP_SECONDS": "0.5"}
+    container["env"] = [{"name": k, "value": v} for k, v in env.items()]
+    spec["checkpoint"]["persistent"]["uri"] = f"file://{PERSISTENT}/{JOB}"
+    return body
+
+
+def urgent() -> dict[str, Any]:
+    """A one-node job of a higher priority: sn-real's three usable nodes are the elastic job's."""
+    return {
+        "apiVersion": "matrixpool.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": "urgent"},
+        "spec": {
+            "superNode": REAL_SUPERNODE,
+            "replicas": 1,
+            "cardsPerReplica": 8,
+            "priority": 1000,
+            "template": {
+                "spec": {
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [
+                        {
+                            "name": "work",
+                            "image": IMAGE,
+                            "imagePullPolicy": "Never",
+                            "command": ["python", "-c", "import time; time.sleep(900)"],
+                        }
+                    ],
+                }
+            },
+        },
+    }
+
+
+def reference(namespace: str, node: str, regroups: list[tuple[int, int]]) -> dict[str, Any]:
+    """A pod computing the digest of a fault-free run with the same world schedule."""
+    code = (
+        "import json\n"
+        "from matrixpool.devcluster import torch_trainer as t\n"
+        f"d = t.reference_digest({STEPS}, {RANKS}, regroups={regroups!r})\n"
+        "print(json.dumps({'digest': d}))\n"
+    )
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "elastic-reference", "namespace": namespace},
+        "spec": {
+            "nodeName": node,
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "reference",
+                    "image": IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["python", "-c", code],
+                }
+            ],
+        },
+    }
+
+
+def regrouped_to(watched: Watched, size: int, after: int = 0) -> dict[str, Any] | None:
+    """The regroup to ``size`` ranks (the ``after``-th record on), once it finished."""
+    records = (watched.status().get("resizes") or [])[after:]
+    done = [r for r in records if r.get("finishedAt") and r["toReplicas"] == size]
+    return done[-1] if done else None
+
+
+def stepping_on(
+    cluster: framework.TestCluster, namespace: str, resize: dict[str, Any]
+) -> dict[int, tuple[int, int]] | None:
+    """Rank → (step restored for ``resize``, newest step since), once every rank of the new
+    world restored it and made two steps more."""
+    tag, found = f"resize-{resize['id']}", {}
+    for rank, pod in Watched(cluster, namespace, JOB).rank_pods().items():
+        logs = cluster.kubectl("logs", "-n", namespace, pod["metadata"]["name"], check=False)
+        restored, newest = None, -1
+        for text in logs.stdout.splitlines():
+            line = json.loads(text) if text.startswith("{") else {}
+            if line.get("recovery") == tag and line.get("restored") is not None:
+                restored = int(line["restored"])
+            elif restored is not None and "loss" in line:
+                newest = max(newest, int(line["step"]))
+        if restored is not None and newest >= restored + 2:
+            found[rank] = (restored, newest)
+    return found if sorted(found) == list(range(resize["toReplicas"])) else None
+
+
+def test_an_elastic_pytorch_job_shrinks_and_grows_back_to_the_parameters_of_the_same_schedule(
+    installed: framework.TestCluster, namespace: str
+) -> None:
+    cluster = installed
+    watched = Watched(cluster, namespace, JOB)
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(supernode()))
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(elastic()))
+    with EndedPods(cluster, namespace):
+        watched.training(past=6)
+        assert len(watched.rank_pods()) == RANKS
+
+        # 1. A higher priority needs a node: a checkpoint is asked and answered, then the gang
+        #    regroups at 2 ranks (new pods: a running torch process keeps its WORLD_SIZE).
+        cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(urgent()))
+        shrunk = framework.eventually(
+            lambda: regrouped_to(watched, FLOOR), timeout=240, interval=1, what="shrunk to 2"
+        )
+        print("shrink:", shrunk)
+        assert (shrunk["fromReplicas"], shrunk["reason"]) == (RANKS, "Preemption"), shrunk
+        (preempted,) = watched.status()["preemptions"]
+        assert (preempted["replicasKept"], preempted["checkpoint"]) == (FLOOR, "Answered")
+        assert shrunk["restoredStep"] >= preempted["step"], (shrunk, preempted)
+        ranks = framework.eventually(
+            lambda: stepping_on(cluster, namespace, shrunk),
+            timeout=180,
+            interval=2,
+            what="both ranks of the new world restore and step on",
+        )
+        assert {step for step, _ in ranks.values()} == {shrunk["restoredStep"]}, ranks
+        for pod in watched.rank_pods().values():
+            env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+            assert env["WORLD_SIZE"] == env["MATRIXPOOL_WORLD_SIZE"] == str(FLOOR), env
+
+        # 2. It goes: the job grows back, all three restoring what the two committed.
+        cluster.kubectl("delete", "trainingjob", "urgent", "-n", namespace, "--wait=false")
+        grown = framework.eventually(
+            lambda: regrouped_to(watched, RANKS), timeout=240, interval=1, what="grown to 3"
+        )
+        print("grow:", grown)
+        assert (grown["fromReplicas"], grown["reason"]) == (FLOOR, "Replicas"), grown
+        assert grown["restoredStep"] > shrunk["restoredStep"], (grown, shrunk)
+        ranks = framework.eventually(
+            lambda: stepping_on(cluster, namespace, grown),
+            timeout=180,
+            interval=2,
+            what="the three ranks of the new world restore and step on",
+        )
+        assert {step for step, _ in ranks.values()} == {grown["restoredStep"]}, ranks
+
+        # 3. To the end, with the fault-free parameters of the same world schedule.
+        schedule = [(shrunk["restoredStep"], FLOOR), (grown["restoredStep"], RANKS)]
+        made = reference(namespace, SPARE, schedule)
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(made))
+        framework.eventually(
+            lambda: watched.status().get("phase") == "Succeeded",
+            timeout=300,
+            interval=1,
+            what=f"{JOB} Succeeded",
+        )
+    final = {
+        r: last_line(cluster, namespace, p["metadata"]["name"])
+        for r, p in watched.rank_pods().items()
+    }
+    expected = framework.eventually(
+        lambda: last_line(cluster, namespace, "elastic-reference").get("digest"),
+        timeout=300,
+        what="the digest of the same schedule without faults",
+    )
+    assert sorted(final) == list(range(RANKS))
+    for rank, line in final.items():
+        assert line.get("finished") is True, (rank, line)
+        assert line["digest"] == expected, (rank, line, expected)
