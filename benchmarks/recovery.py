@@ -17,6 +17,13 @@ binding, kwok, trainer start) — what a recovery would cost without any of the 
 
     .venv/bin/python benchmarks/recovery.py --json [--scales 384,3072]
 
+``--real-nodes``: the same ladder on real kubelets instead (root): the real-node suite's
+cluster, image and chart, the PyTorch example trainer with 263 MiB of model and Adam state per
+rank, and a regroup beside the three levels (tests/realnodes/bench_recovery.py says what is
+measured); about 15 minutes.
+
+    .venv/bin/python benchmarks/recovery.py --json --real-nodes
+
 Prints one JSON object; docs/benchmarks.md records the figures with this command.
 """
 
@@ -50,13 +57,38 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--json", action="store_true", help="print only the JSON object")
     parser.add_argument("--scales", default="384,3072", help="cards in the cluster, 384 each SN")
+    parser.add_argument("--real-nodes", action="store_true", help="on real kubelets (root)")
     args = parser.parse_args()
+    if args.real_nodes:
+        return real_nodes(args.json)
     say = (lambda _: None) if args.json else (lambda line: print(line, file=sys.stderr))
     figures: dict[str, Any] = {"ranks": RANKS, "cards_per_rank": 8, "scales": {}}
     for cards in (int(c) for c in args.scales.split(",")):
         figures["scales"][str(cards)] = run_scale(cards // 384, say)
     figures["load_average_1m"] = round(os.getloadavg()[0], 2)  # the machine is shared
     print(json.dumps(figures, indent=None if args.json else 2))
+    return 0
+
+
+def real_nodes(quiet: bool) -> int:
+    """The real-node ladder: pytest runs tests/realnodes/bench_recovery.py (its cluster and chart
+    are the real-node suite's fixtures) and leaves the figures in a file; they are printed."""
+    repo = binaries.repo_root()
+    with tempfile.TemporaryDirectory(prefix="mp-bench-rec-real-") as name:
+        out = Path(name) / "figures.json"
+        argv = [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider"]
+        argv.append(str(repo / "tests" / "realnodes" / "bench_recovery.py"))
+        done = subprocess.run(
+            argv,
+            cwd=repo,
+            env={**os.environ, "MATRIXPOOL_BENCH_OUT": str(out)},
+            stdout=subprocess.DEVNULL if quiet else None,
+            check=False,
+        )
+        if done.returncode or not out.exists():
+            print(f"the real-node run failed (pytest exited {done.returncode})", file=sys.stderr)
+            return 1
+        print(out.read_text())
     return 0
 
 

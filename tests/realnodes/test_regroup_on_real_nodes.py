@@ -45,15 +45,16 @@ def elastic() -> dict[str, Any]:
     return body
 
 
-def urgent() -> dict[str, Any]:
-    """A one-node job of a higher priority: sn-real's three usable nodes are the elastic job's."""
+def urgent(replicas: int = 1) -> dict[str, Any]:
+    """A job of a higher priority, a node per replica (one: sn-real's three usable nodes are the
+    elastic job's)."""
     return {
         "apiVersion": "matrixpool.dev/v1alpha1",
         "kind": "TrainingJob",
         "metadata": {"name": "urgent"},
         "spec": {
             "superNode": REAL_SUPERNODE,
-            "replicas": 1,
+            "replicas": replicas,
             "cardsPerReplica": 8,
             "priority": 1000,
             "template": {

@@ -43,7 +43,12 @@ async def preempt(
     for key in plan.evict:
         workload, gang = cycle.by_gang[key]
         victims.append((workload, [(p.namespace, p.name) for p in gang.pods], None))
-    going = {p.key for facts in cycle.world.pods.values() for p in facts if p.deleting}
+    going = {  # deleting, or deleted earlier in this cycle (a regroup replaces a whole gang)
+        p.key
+        for facts in cycle.world.pods.values()
+        for p in facts
+        if p.deleting or p.uid in cycle.assumed.deleted
+    }
     victims = [  # a gang whose pods already go frees their cards without being asked again
         (w, live, kept)
         for w, pods_of, kept in victims

@@ -196,3 +196,21 @@ def test_an_unreadable_world_is_refused() -> None:
     assert restore_codec.shard_for(5, 4) == 1
     assert restore_codec.shard_for(3, 4) == 3
     assert restore_codec.shard_for(3, None) == 3
+
+
+def test_a_preemptor_waits_for_a_gang_its_regroup_is_replacing_instead_of_evicting_it() -> None:
+    """Seen on real nodes: the cycle that regrouped a shrunk job deleted its pods (the index
+    not showing it yet), and the preemptor, not fitting until they are gone, preempted the job
+    again — evicting it whole. The pods a cycle deleted are going: no second preemption."""
+    shrunk = elastic(2, replicas=3)
+    urgent = job("urgent", 2, priority=1000)
+    seen = fixed_world(index(*running("e", 3, world=3)), [shrunk, urgent])
+    executor, memory = Recorder(), cyclestate.Memory()
+
+    cycle(seen, memory, executor)
+
+    assert sorted(executor.deleted) == [f"ns/e-{r}" for r in range(3)]  # the regroup
+    asked = [a for a in executor.annotated if "matrixpool.dev/checkpoint-request" in a[1]]
+    assert asked == []  # nobody is asked to checkpoint: the job's pods already go
+    assert "Preempted" not in executor.reasons("e")
+    assert not executor.status_of("e", "preemptions")
