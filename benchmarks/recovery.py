@@ -81,8 +81,14 @@ def real_nodes(quiet: bool) -> int:
         done = subprocess.run(
             argv,
             cwd=repo,
-            env={**os.environ, "MATRIXPOOL_BENCH_OUT": str(out)},
-            stdout=subprocess.DEVNULL if quiet else None,
+            env={
+                **os.environ,
+                "MATRIXPOOL_BENCH_OUT": str(out),
+                # tier 1 for two steps of a 263 MiB rank and a peer's copy (the suite's 512Mi
+                # holds 256 MiB)
+                "MATRIXPOOL_REALNODES_HELM_SET": "checkpointDaemon.memory=3Gi",
+            },
+            stdout=subprocess.DEVNULL if quiet else sys.stderr,
             check=False,
         )
         if done.returncode or not out.exists():

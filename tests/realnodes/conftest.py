@@ -37,6 +37,7 @@ REAL_SUPERNODE = "sn-real"
 SPARE = f"real-{REAL_NODES - 1}"
 VALUES = CHART / "ci" / "real-nodes-values.yaml"
 IMAGE = "matrixpool:dev"
+HELM_SET = "MATRIXPOOL_REALNODES_HELM_SET"  # more `helm install --set` values, comma-separated
 
 
 def _require_root() -> None:
@@ -84,9 +85,11 @@ def installed(cluster: framework.TestCluster, image: str) -> Iterator[framework.
     node run. Four nodes start their Python pods at once on this 2-core machine: minutes."""
     cluster.kubectl("create", "namespace", SYSTEM)
     pin = f"nodeSelector.kubernetes\\.io/hostname={SPARE}"
+    extra = os.environ.get(HELM_SET)  # e.g. checkpointDaemon.memory=3Gi (benchmarks/recovery.py)
     cluster.helm(
-        "install", RELEASE, str(CHART), "-n", SYSTEM, "-f", str(VALUES), "--set-string", pin
-    )
+        "install", RELEASE, str(CHART), "-n", SYSTEM, "-f", str(VALUES), "--set-string", pin,
+        *(["--set", extra] if extra else []),
+    )  # fmt: skip
     try:
         framework.eventually(
             lambda: running(cluster, "operator"), timeout=300, what="the operator pod running"

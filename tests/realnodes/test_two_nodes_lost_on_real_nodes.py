@@ -1,0 +1,80 @@
+"""Two nodes lost at once on real nodes (issue 32, item 2): the example trainer
+(matrixpool.devcluster.torch_trainer, DCP on matrixpool_recovery.torch) as 2 ranks on sn-real
+with two spare nodes. Both ranks' nodes lose their power together — their daemons, tier-1
+memory and every peer copy with them: one recovery moves both ranks to the two spares
+(SpareSwap, never an eviction while spares suffice), restoring the newest step tier 3 holds
+for both. The job Succeeds with every rank's parameters bitwise those of a fault-free run."""
+
+from __future__ import annotations
+
+import json
+
+from tests.integration import framework
+from tests.realnodes.conftest import SPARE, EndedPods, Watched, last_line, running, supernode
+from tests.realnodes.test_pytorch_on_real_nodes import JOB as MLP
+from tests.realnodes.test_pytorch_on_real_nodes import RANKS, STEPS, job, reference
+
+JOB = "torch-pair"
+
+
+def test_two_nodes_powered_off_at_once_swap_both_ranks_to_the_two_spares(
+    installed: framework.TestCluster, namespace: str
+) -> None:
+    cluster = installed
+    assert running(cluster, "operator")[0]["spec"]["nodeName"] == SPARE
+    two_spares = supernode()
+    two_spares["spec"]["spares"] = {"nodes": 2}
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(two_spares))
+    body = job()
+    body["metadata"]["name"] = JOB
+    body["spec"]["checkpoint"]["persistent"]["uri"] = body["spec"]["checkpoint"]["persistent"][
+        "uri"
+    ].replace(MLP, JOB)
+    watched = Watched(cluster, namespace, JOB)
+    try:
+        cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
+        with EndedPods(cluster, namespace):
+            status = watched.training(past=4)
+            while (status.get("checkpoints") or {}).get("persistent") is None:
+                status = watched.training(past=status["checkpoints"]["memory"])
+            lost = sorted(p["spec"]["nodeName"] for p in watched.rank_pods().values())
+            assert len(lost) == RANKS, lost
+            assert SPARE not in lost, lost
+            ref = reference(cluster, namespace, SPARE)
+            cluster.kubectl("apply", "-f", "-", input=json.dumps(ref))
+            cluster.matrixpool("cluster", "fault", "power-off", *lost)
+            try:
+                entry = watched.recovered(1)
+                print("recovery:", entry)
+                assert entry["level"] == "SpareSwap", entry
+                assert sorted(entry["moves"]) == lost, entry  # both, in one recovery
+                assert len(set(entry["moves"].values())) == RANKS, entry
+                assert all(node in entry["cause"] for node in lost), entry
+                assert not watched.status().get("preemptions")  # nobody was evicted
+                moved = {p["spec"]["nodeName"] for p in watched.rank_pods().values()}
+                assert moved == set(entry["moves"].values()), moved
+                framework.eventually(
+                    lambda: watched.status().get("phase") == "Succeeded",
+                    timeout=300,
+                    interval=1,
+                    what=f"{JOB} Succeeded",
+                )
+            finally:
+                cluster.matrixpool("cluster", "fault", "power-on", *lost, check=False)
+        assert len(watched.status().get("recoveries") or []) == 1
+        final = {
+            r: last_line(cluster, namespace, p["metadata"]["name"])
+            for r, p in watched.rank_pods().items()
+        }
+        expected = framework.eventually(
+            lambda: last_line(cluster, namespace, "torch-reference").get("digest"),
+            timeout=240,
+            what="the fault-free digest",
+        )
+        assert sorted(final) == list(range(RANKS))
+        for rank, line in final.items():
+            assert line.get("finished") is True, (rank, line)
+            assert line["step"] == STEPS, (rank, line)
+            assert line["digest"] == expected, (rank, line, expected)
+    finally:
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(supernode()))  # one spare again
