@@ -135,6 +135,12 @@ class Bench:
             "lost_steps": entry.get("lostSteps"),
         }
 
+    def free_cards(self) -> int:
+        body = self.cluster.api.custom.get_cluster_custom_object(
+            "matrixpool.dev", "v1alpha1", "supernodes", "sn-real"
+        )
+        return int(((body.get("status") or {}).get("cards") or {}).get("free") or 0)
+
     def kill_trainer(self) -> Callable[[], None]:
         pod = self.watched.rank_pods()[1]
         container = pod["status"]["containerStatuses"][0]["containerID"].split("//", 1)[1]
@@ -161,6 +167,12 @@ class Bench:
 
     def regroup(self) -> dict[str, Any]:
         self.watched.training(past=(self.last or 0) + 4)
+        # The powered-off node counts again only once its device plugin re-announced its
+        # cards: until then the 2-node job does not fit even after a shrink, and the elastic
+        # job would be evicted whole instead.
+        framework.eventually(
+            lambda: self.free_cards() >= 8, timeout=180, interval=1, what="a free node again"
+        )
         injected = time.time()
         self.cluster.kubectl("apply", "-n", self.namespace, "-f", "-", input=json.dumps(urgent(2)))
         shrunk = framework.eventually(
