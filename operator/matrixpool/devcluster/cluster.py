@@ -240,6 +240,7 @@ class Cluster:
             pki = certs.paths(self.folder / "pki")
             bin_dir = Path(state["bin_dir"])
             pause = realnodes.pause_archive(bin_dir, self.folder / "real" / "pause.tar")
+            realnodes.prepare_shared_persistent()  # tier 3, writable by the daemons' user
             for index in range(count):
                 node = realnodes.Node(
                     index, self.folder / "real" / f"{realnodes.NODE_PREFIX}{index}"

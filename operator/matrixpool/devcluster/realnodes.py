@@ -541,6 +541,21 @@ def unmount_under(folder: Path) -> None:
 # ---- node processes ------------------------------------------------------------------------
 
 
+SHARED_PERSISTENT = Path("/var/lib/matrixpool/persistent")  # the chart's persistentPath
+DAEMON_UID = 65532  # the chart's securityContext.runAsUser / runAsGroup
+
+
+def prepare_shared_persistent(path: Path = SHARED_PERSISTENT, uid: int = DAEMON_UID) -> None:
+    """The shared file system every real node mounts as tier 3, as an administrator prepares
+    it (charts/matrixpool/values.yaml: persistentPath is "writable by the daemon's user"): the
+    folder exists and belongs to the chart's daemon user. Without it the daemons' tier-3
+    writes fail with EACCES (a root-owned folder)."""
+    path.mkdir(parents=True, exist_ok=True)
+    if path.stat().st_uid != uid:
+        os.chown(path, uid, uid)
+    path.chmod(0o755)
+
+
 def prepare(
     node: Node, network: Network, *, server: str, pki: Any, client_cert: tuple[Path, Path]
 ) -> None:

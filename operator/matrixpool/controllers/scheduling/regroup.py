@@ -147,4 +147,3 @@ def finished(
     if len(steps) == 1:
         last["restoredStep"] = next(iter(steps))
     return history
-
