@@ -342,7 +342,12 @@ class Cluster:
         facts = state["real"]["nodes"][name]
         node, network = self._real_node(name), self._network()
         realnodes.link_up(network, node.index)
-        realnodes.ensure_routes(network, len(state["real"]["nodes"]))
+        off = [  # two nodes powered off at once: the other one's routes wait for its power-on
+            int(f.get("index", 0))
+            for other, f in state["real"]["nodes"].items()
+            if other != name and f.get("power") == "off"
+        ]
+        realnodes.ensure_routes(network, len(state["real"]["nodes"]), off)
         realnodes.mount_memory(network, node.index)
         self._spawn_real(node, "containerd", realnodes.containerd_args(node, network))
         realnodes.wait_containerd(node)
