@@ -76,9 +76,9 @@ def restore_value(
     world: int | None = None,
 ) -> str:
     """The annotation value for a rank to restore ``step`` (written by incarnation ``of``)
-    from ``sources`` and run on as ``incarnation``; ``fresh``: to start from step 0 instead
-    (``step`` must be None: the job has no checkpoint yet); ``world``: the ranks that wrote
-``step``, when a regroup changed the gang's size since."""
+        from ``sources`` and run on as ``incarnation``; ``fresh``: to start from step 0 instead
+        (``step`` must be None: the job has no checkpoint yet); ``world``: the ranks that wrote
+    ``step``, when a regroup changed the gang's size since."""
     if fresh and step is not None:
         raise ValueError(f"a fresh start restores no step (got {step})")
     body: dict[str, object] = {"from": sorted(set(sources))}

@@ -118,9 +118,7 @@ class Watcher:
             twice = [k for k, n in held.items() if n > 1]
             if twice:
                 self.twice.append((time.monotonic(), twice[:5]))
-            self.samples.append(
-                Sample(time.monotonic(), time.time(), dict(owners), dict(cards))
-            )
+            self.samples.append(Sample(time.monotonic(), time.time(), dict(owners), dict(cards)))
             time.sleep(self.period)
 
 

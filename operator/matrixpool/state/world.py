@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -293,3 +293,14 @@ def holdings(world: World) -> list[model.Holding]:
                 )
             )
     return result
+
+
+def disagreeing(live: Sequence[convert.PodFacts], size: int) -> int | None:
+    """The world of the gang's live ranks when any of them was made for another size than
+    ``size`` (the smallest such world: the one whose steps are complete for every rank), else
+    None (pure; the scheduler regroups such a gang, the recovery sees no fault in it). Pods
+    that do not say their world (made by an older operator) do not count."""
+    worlds = {p.world for p in live if p.world}
+    if not worlds or worlds == {size}:
+        return None
+    return min(worlds)

@@ -17,9 +17,9 @@ import structlog
 
 from matrixpool import clock
 from matrixpool.controllers.recovery import memory
-from matrixpool.controllers.scheduling import regroup
 from matrixpool.k8s import convert
 from matrixpool.placement import inventory
+from matrixpool.state import world as read_model
 from matrixpool.state.workloads import Workload
 from matrixpool_recovery import policy
 
@@ -41,7 +41,7 @@ def detect(
     live = [p for p in facts if not p.deleting]
     if len({p.rank for p in live if p.node}) < world_size or workload_suspended(workload):
         return []
-    if regroup.disagreeing(live, world_size) is not None:
+    if read_model.disagreeing(live, world_size) is not None:
         return []  # made for another world: the scheduler regroups the whole gang
     silent = set(unreachable)
     expired = set(stale)

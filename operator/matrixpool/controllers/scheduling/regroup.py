@@ -32,6 +32,7 @@ from matrixpool import clock, metrics
 from matrixpool.api import common, trainingjob
 from matrixpool.controllers.scheduling import cyclestate
 from matrixpool.k8s import convert
+from matrixpool.state import world as read_model
 from matrixpool.state.workloads import Workload
 from matrixpool_recovery import restore as restore_codec
 
@@ -39,13 +40,8 @@ log = structlog.get_logger(__name__)
 
 
 def disagreeing(live: Sequence[convert.PodFacts], size: int) -> int | None:
-    """The world of the gang's live ranks when any of them was made for another size than
-    ``size`` (the smallest such world: the one whose steps are complete for every rank), else
-    None (pure). Pods that do not say their world (made by an older operator) do not count."""
-    worlds = {p.world for p in live if p.world}
-    if not worlds or worlds == {size}:
-        return None
-    return min(worlds)
+    """:func:`matrixpool.state.world.disagreeing` (the recovery reads it there too)."""
+    return read_model.disagreeing(live, size)
 
 
 def reason(workload: Workload, to: int, time_shared: bool) -> trainingjob.ResizeReason:

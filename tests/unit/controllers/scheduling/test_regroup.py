@@ -66,15 +66,14 @@ def test_a_shrunk_gang_is_replaced_whole_and_the_regroup_recorded() -> None:
     (record,) = resizes(executor)
     assert (record["fromReplicas"], record["toReplicas"]) == (4, 2)
     assert record["reason"] == "Preemption"
-    assert record["startedAt"] and not record.get("finishedAt")
+    assert record["startedAt"]
+    assert not record.get("finishedAt")
     assert executor.reasons("e")[0] == "Regrouping"  # (then Grown: no preemptor holds the cards)
     message = next(m for name, _, r, m in executor.events if r == "Regrouping")
     assert "shrinks from 4 to 2 ranks" in message
 
 
-def test_the_new_gang_restores_the_old_worlds_newest_complete_step_and_closes_the_record() -> (
-    None
-):
+def test_the_new_gang_restores_the_old_worlds_newest_complete_step_and_closes_the_record() -> None:
     opened = {
         "id": "abc",
         "fromReplicas": 4,
@@ -114,7 +113,8 @@ def test_the_new_gang_restores_the_old_worlds_newest_complete_step_and_closes_th
     cycle(bound, memory, executor)
     (record,) = resizes(executor)
     assert record["restoredStep"] == 6
-    assert record["finishedAt"] and record["seconds"] >= 0
+    assert record["finishedAt"]
+    assert record["seconds"] >= 0
     assert executor.deleted == []  # the new world is the job's size: nothing is replaced
 
 
@@ -137,7 +137,8 @@ def test_a_grown_gang_says_the_smaller_world_that_wrote_the_step() -> None:
     values = {m["metadata"]["annotations"]["matrixpool.dev/restore"] for m in executor.created}
     (value,) = values
     restore = restore_codec.parse_restore(value)
-    assert restore is not None and (restore.step, restore.world) == (10, 2)
+    assert restore is not None
+    assert (restore.step, restore.world) == (10, 2)
     assert len(executor.created) == 4
     assert [restore_codec.shard_for(r, restore.world) for r in range(4)] == [0, 1, 0, 1]
 
@@ -185,7 +186,8 @@ def test_recovery_sees_no_fault_in_a_gang_made_for_another_world() -> None:
 )
 def test_the_restore_annotation_carries_the_old_world(value: str, world: int | None) -> None:
     restore = restore_codec.parse_restore(value)
-    assert restore is not None and restore.world == world
+    assert restore is not None
+    assert restore.world == world
 
 
 def test_an_unreadable_world_is_refused() -> None:
