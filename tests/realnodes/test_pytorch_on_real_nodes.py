@@ -68,17 +68,27 @@ def job() -> dict[str, Any]:
     }
 
 
-def reference(cluster: framework.TestCluster, namespace: str, node: str) -> dict[str, Any]:
-    """A pod computing the fault-free run's digest in one process (same seed, width, steps)."""
+def reference(
+    namespace: str,
+    node: str,
+    *,
+    steps: int = STEPS,
+    ranks: int = RANKS,
+    regroups: list[tuple[int, int]] | None = None,
+    name: str = "torch-reference",
+) -> dict[str, Any]:
+    """A pod computing the fault-free run's digest in one process (same seed, width, steps;
+    with ``regroups``, the same world schedule: ``torch_trainer.reference_digest``)."""
     code = (
         "import json\n"
         "from matrixpool.devcluster import torch_trainer as t\n"
-        f"print(json.dumps({{'digest': t.reference_digest({STEPS}, {RANKS})}}))\n"
+        f"d = t.reference_digest({steps}, {ranks}, regroups={regroups or []!r})\n"
+        "print(json.dumps({'digest': d}))\n"
     )
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": "torch-reference", "namespace": namespace},
+        "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "nodeName": node,
             "restartPolicy": "Never",
@@ -194,7 +204,7 @@ def test_a_pytorch_job_recovers_on_real_nodes_to_the_parameters_of_a_fault_free_
 
     spare = SPARE
     assert spare not in {p["spec"]["nodeName"] for p in pods.values()}
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(reference(cluster, namespace, spare)))
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(reference(namespace, spare)))
 
     # 1. A trainer container is killed: its rank restarts in place from its node's memory.
     victim = pods[1]

@@ -24,7 +24,7 @@ from tests.realnodes.conftest import (
     last_line,
     supernode,
 )
-from tests.realnodes.test_pytorch_on_real_nodes import PERSISTENT, job
+from tests.realnodes.test_pytorch_on_real_nodes import PERSISTENT, job, reference
 
 JOB = "torch-elastic"
 STEPS = 90
@@ -70,33 +70,6 @@ def urgent(replicas: int = 1) -> dict[str, Any]:
                     ],
                 }
             },
-        },
-    }
-
-
-def reference(namespace: str, node: str, regroups: list[tuple[int, int]]) -> dict[str, Any]:
-    """A pod computing the digest of a fault-free run with the same world schedule."""
-    code = (
-        "import json\n"
-        "from matrixpool.devcluster import torch_trainer as t\n"
-        f"d = t.reference_digest({STEPS}, {RANKS}, regroups={regroups!r})\n"
-        "print(json.dumps({'digest': d}))\n"
-    )
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "elastic-reference", "namespace": namespace},
-        "spec": {
-            "nodeName": node,
-            "restartPolicy": "Never",
-            "containers": [
-                {
-                    "name": "reference",
-                    "image": IMAGE,
-                    "imagePullPolicy": "Never",
-                    "command": ["python", "-c", code],
-                }
-            ],
         },
     }
 
@@ -179,7 +152,9 @@ def test_an_elastic_pytorch_job_shrinks_and_grows_back_to_the_parameters_of_the_
 
         # 3. To the end, with the fault-free parameters of the same world schedule.
         schedule = [(shrunk["restoredStep"], FLOOR), (grown["restoredStep"], RANKS)]
-        made = reference(namespace, SPARE, schedule)
+        made = reference(
+            namespace, SPARE, steps=STEPS, ranks=RANKS, regroups=schedule, name="elastic-reference"
+        )
         cluster.kubectl("apply", "-f", "-", input=json.dumps(made))
         framework.eventually(
             lambda: watched.status().get("phase") == "Succeeded",

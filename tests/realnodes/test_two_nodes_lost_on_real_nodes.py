@@ -60,7 +60,7 @@ def test_two_nodes_powered_off_at_once_swap_both_ranks_to_the_two_spares(
                 # Made once the nodes are off: a container starting on another node while a
                 # power-off ran was seen killed with them ("cannot start a container that has
                 # stopped"), a fault of the dev cluster's power-off, not of the product.
-                ref = reference(cluster, namespace, SPARE)
+                ref = reference(namespace, SPARE)
                 cluster.kubectl("apply", "-f", "-", input=json.dumps(ref))
                 framework.eventually(
                     lambda: watched.status().get("phase") == "Succeeded",

@@ -80,7 +80,7 @@ async def reconcile_pods(
         recovery = read_model.recovery_of(cycle.world, workload)
         if plans and not recovery and isinstance(workload.model, trainingjob.TrainingJob):
             live = [p for p in existing.values() if not p.deleting]
-            old = regroup.disagreeing(live, len(plans))
+            old = read_model.disagreeing(live, len(plans))
             if old is not None:  # its ranks were made for another world: all are replaced
                 try:
                     await regroup.start(cycle, workload, live, old, len(plans))

@@ -5,7 +5,8 @@ Rule: a trainer learns its world once, when its process starts (``WORLD_SIZE``,
 different worlds cannot train together: a collective waits for ranks that are gone, or never
 hears of the new ones. When the size the job runs at now (:func:`read_model.replicas_now`:
 ``spec.replicas``, a preemption's shrink, time-sharing's allowance) differs from the world its
-live pods were made for (:func:`disagreeing`, the detection), every pod of the gang is
+live pods were made for (:func:`matrixpool.state.world.disagreeing`, the detection, which
+the recovery reads too), every pod of the gang is
 replaced: all are deleted; once they are gone, the new size's pods are created as a new gang,
 each told to restore (annotation ``matrixpool.dev/restore``) the newest step every rank of the
 old world committed then, with ``"world": <old size>`` so that a rank the old world lacked
@@ -32,16 +33,10 @@ from matrixpool import clock, metrics
 from matrixpool.api import common, trainingjob
 from matrixpool.controllers.scheduling import cyclestate
 from matrixpool.k8s import convert
-from matrixpool.state import world as read_model
 from matrixpool.state.workloads import Workload
 from matrixpool_recovery import restore as restore_codec
 
 log = structlog.get_logger(__name__)
-
-
-def disagreeing(live: Sequence[convert.PodFacts], size: int) -> int | None:
-    """:func:`matrixpool.state.world.disagreeing` (the recovery reads it there too)."""
-    return read_model.disagreeing(live, size)
 
 
 def reason(workload: Workload, to: int, time_shared: bool) -> trainingjob.ResizeReason:

@@ -14,7 +14,7 @@ import pytest
 
 from matrixpool.controllers.recovery import detect
 from matrixpool.controllers.scheduling import cycle as scheduler
-from matrixpool.controllers.scheduling import cyclestate, gangpods, regroup
+from matrixpool.controllers.scheduling import cyclestate, gangpods
 from matrixpool.k8s import daemonclient
 from matrixpool.placement import inventory
 from matrixpool.state import assumed as assuming
@@ -39,6 +39,17 @@ def elastic(desired: int, replicas: int = 4, **status: Any) -> Any:
     )
 
 
+def opened(id_: str) -> dict[str, Any]:
+    """status.resizes' record of a regroup 4 → 2 under way since 10:00."""
+    return {
+        "id": id_,
+        "fromReplicas": 4,
+        "toReplicas": 2,
+        "reason": "Preemption",
+        "startedAt": "2026-11-30T10:00:00Z",
+    }
+
+
 def resizes(executor: Recorder) -> list[dict[str, Any]]:
     written = executor.status_of("e", "resizes")
     return list(written[-1]) if written else []
@@ -46,13 +57,13 @@ def resizes(executor: Recorder) -> list[dict[str, Any]]:
 
 def test_disagreeing_names_the_old_world_only_when_it_differs() -> None:
     four = running("e", 4, world=4)
-    assert regroup.disagreeing(four, 4) is None
-    assert regroup.disagreeing(four, 2) == 4
-    assert regroup.disagreeing(four[:2], 4) is None  # ranks missing: a recovery's business
-    assert regroup.disagreeing(running("e", 2, world=2), 4) == 2  # a grow: made for 2
+    assert world.disagreeing(four, 4) is None
+    assert world.disagreeing(four, 2) == 4
+    assert world.disagreeing(four[:2], 4) is None  # ranks missing: a recovery's business
+    assert world.disagreeing(running("e", 2, world=2), 4) == 2  # a grow: made for 2
     mixed = [*running("e", 2, world=2), *running("e", 2, world=4)]
-    assert regroup.disagreeing(mixed, 4) == 2  # the smaller world: its steps cover every rank
-    assert regroup.disagreeing(running("e", 4), 2) is None  # pods that do not say their world
+    assert world.disagreeing(mixed, 4) == 2  # the smaller world: its steps cover every rank
+    assert world.disagreeing(running("e", 4), 2) is None  # pods that do not say their world
 
 
 def test_a_shrunk_gang_is_replaced_whole_and_the_regroup_recorded() -> None:
@@ -74,14 +85,7 @@ def test_a_shrunk_gang_is_replaced_whole_and_the_regroup_recorded() -> None:
 
 
 def test_the_new_gang_restores_the_old_worlds_newest_complete_step_and_closes_the_record() -> None:
-    opened = {
-        "id": "abc",
-        "fromReplicas": 4,
-        "toReplicas": 2,
-        "reason": "Preemption",
-        "startedAt": "2026-11-30T10:00:00Z",
-    }
-    e = elastic(2, resizes=[opened])
+    e = elastic(2, resizes=[opened("abc")])
     seen = fixed_world(index(), [e])
     executor, memory = Recorder(), cyclestate.Memory()
     # Step 6 is held for all 4 old ranks; step 8 for ranks 0 and 1 only: complete for a world of
@@ -144,14 +148,7 @@ def test_a_grown_gang_says_the_smaller_world_that_wrote_the_step() -> None:
 
 
 def test_a_regroup_with_nothing_committed_starts_afresh_as_a_new_run() -> None:
-    opened = {
-        "id": "xyz",
-        "fromReplicas": 4,
-        "toReplicas": 2,
-        "reason": "Preemption",
-        "startedAt": "2026-11-30T10:00:00Z",
-    }
-    e = elastic(2, resizes=[opened])
+    e = elastic(2, resizes=[opened("xyz")])
     seen = fixed_world(index(), [e])
     memory, executor = cyclestate.Memory(), Recorder()
     asked = scheduler.Cycle(seen, memory, assuming.Assumed(), executor).state
