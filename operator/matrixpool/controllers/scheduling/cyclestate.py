@@ -67,6 +67,7 @@ class Memory:
         self.resizes.pop(uid, None)
         self.kv_reasons.pop(uid, None)
         self.tasks.cancel(uid)
+        self.tasks.cancel(f"resume/{uid}")
         for gang in [g for g in self.reasons if g == key or g.startswith(key + "/")]:
             del self.reasons[gang]
         for gang in [g for g in self.nominated if g == key or g.startswith(key + "/")]:

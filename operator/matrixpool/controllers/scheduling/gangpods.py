@@ -156,7 +156,7 @@ def resume_value(
     resize = regroup.open_resize(cycle, workload)
     opened = open_eviction(cycle, workload) if resize is None else None
     if resize is not None:  # a regroup: the old world's newest step, fresh when none
-        tag = f"resize-{resize.get('id')}"
+        tag = regroup.tag(resize)
         world: int | None = int(resize.get("fromReplicas") or 0) or None
     elif opened is not None:
         tag, world = f"preempt-{opened.get('requestId') or ''}", None

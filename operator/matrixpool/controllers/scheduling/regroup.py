@@ -56,6 +56,11 @@ def resizes_of(cycle: cyclestate.CycleState, workload: Workload) -> list[dict[st
     return [dict(r) for r in workload.status.get("resizes") or []]
 
 
+def tag(record: Mapping[str, Any]) -> str:
+    """The restore id a regroup's new pods are told (matrixpool.dev/restore)."""
+    return f"resize-{record.get('id')}"
+
+
 def open_resize(cycle: cyclestate.CycleState, workload: Workload) -> Mapping[str, Any] | None:
     """The regroup under way (its new gang not bound yet), or None."""
     history = resizes_of(cycle, workload)
@@ -71,8 +76,15 @@ async def start(
     size: int,
 ) -> None:
     """Replace every live pod of a gang made for ``old`` ranks by ``size`` new ones: open the
-    record (unless one is open: its new pods are not all made yet) and delete them all."""
+    record (unless one is open whose new pods are not made yet: it goes on, to ``size``) and
+    delete them all. An open record whose new pods already run (the size moved again before
+    all of them were bound) is closed first: they trained on, so the next regroup restores
+    what they committed, not the step the last one restored."""
     opened = open_resize(cycle, workload)
+    made = [p for p in live if opened and restore_codec.restore_id(p.restore) == tag(opened)]
+    if opened is not None and any(p.node for p in made):
+        cycle.memory.resizes[workload.uid] = close(resizes_of(cycle, workload), len(made), None)
+        opened = None
     if opened is None:
         why = reason(workload, size, workload.key in cycle.shares.training)
         record = common.to_wire(
@@ -122,12 +134,21 @@ def finished(
     last = history[-1] if history else None
     if last is None or last.get("finishedAt"):
         return history
-    tag = f"resize-{last.get('id')}"
     live = [p for p in facts if not p.deleting]
-    if not live or not all(restore_codec.restore_id(p.restore) == tag for p in live):
+    if not live or not all(restore_codec.restore_id(p.restore) == tag(last) for p in live):
         return history  # not the regroup's pods (yet)
+    return close(history, len(live), next(iter(steps)) if len(steps) == 1 else None)
+
+
+def close(
+    resizes: Sequence[Mapping[str, Any]], size: int, step: int | None
+) -> list[dict[str, Any]]:
+    """status.resizes with the open (last) record closed now at ``size`` ranks (the size may
+    have moved again before the new pods came), having restored ``step`` when known."""
+    history = [dict(r) for r in resizes]
+    last = history[-1]
     now = clock.SYSTEM.now()
-    last["toReplicas"] = len(live)  # the size may have moved again before the new pods came
+    last["toReplicas"] = size
     last["finishedAt"] = now.isoformat().replace("+00:00", "Z")
     try:
         started = datetime.datetime.fromisoformat(str(last.get("startedAt")).replace("Z", "+00:00"))
@@ -135,6 +156,6 @@ def finished(
         metrics.REGROUP_SECONDS.observe(last["seconds"])
     except ValueError:
         pass  # a record an earlier writer left without a readable start
-    if len(steps) == 1:
-        last["restoredStep"] = next(iter(steps))
+    if step is not None:
+        last["restoredStep"] = step
     return history

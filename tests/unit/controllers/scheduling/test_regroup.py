@@ -162,6 +162,43 @@ def test_a_regroup_with_nothing_committed_starts_afresh_as_a_new_run() -> None:
     assert restore.incarnation is not None
 
 
+def test_a_size_that_moves_again_once_the_new_gang_runs_opens_a_regroup_of_its_own() -> None:
+    # The 4 -> 2 regroup "abc" made its two ranks (they run, told to restore step 6); before
+    # the record closed, the job's size moved to 3: those two ranks trained on, so the next
+    # regroup must ask what they committed, not reuse step 6.
+    told = restore_codec.restore_value(6, ["n0"], "resize-abc", incarnation=7, of=7, world=4)
+    e = elastic(3, resizes=[opened("abc")])
+    seen = fixed_world(index(*running("e", 2, world=2, restore=told)), [e])
+    executor, memory = Recorder(), cyclestate.Memory()
+    memory.resumes["uid-e"] = ("resize-abc", told)  # what the first regroup asked
+
+    cycle(seen, memory, executor)
+
+    assert sorted(executor.deleted) == ["ns/e-0", "ns/e-1"]
+    first, second = resizes(executor)
+    assert (first["id"], first["toReplicas"]) == ("abc", 2)
+    assert first["finishedAt"]
+    assert "restoredStep" not in first
+    assert (second["fromReplicas"], second["toReplicas"]) == (2, 3)
+    assert second["id"] != "abc"
+    assert not second.get("finishedAt")
+    gone = fixed_world(index(), [dataclasses.replace(e, status={"resizes": [first, second]})])
+    cycle(gone, memory, executor)
+    assert executor.created == []  # step 6 is not reused: the daemons are asked anew
+    executor.inventories["uid-e"] = daemonclient.Inventory(
+        tuple(held("uid-e", 9, r, f"n{r}") for r in range(2))
+    )
+    state = scheduler.Cycle(gone, memory, assuming.Assumed(), executor).state
+    asyncio.run(gangpods.find_resume(state, e, f"resize-{second['id']}", 2, fresh=True))
+    cycle(gone, memory, executor)
+    assert len(executor.created) == 4  # (grown back to 4 meanwhile: no preemptor holds cards)
+    values = {m["metadata"]["annotations"]["matrixpool.dev/restore"] for m in executor.created}
+    (value,) = values
+    restore = restore_codec.parse_restore(value)
+    assert restore is not None
+    assert (restore.step, restore.world) == (9, 2)  # what the two ranks committed since
+
+
 def test_recovery_sees_no_fault_in_a_gang_made_for_another_world() -> None:
     nodes = {
         f"n{i}": inventory.NodeInfo(
