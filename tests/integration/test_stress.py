@@ -8,6 +8,7 @@ job ends bound or waiting with a reason."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import threading
 import time
@@ -153,7 +154,12 @@ def settled(body: dict[str, Any]) -> str | None:
         return None
     if scheduled.get("status") == "False" and scheduled.get("reason") not in (None, "Waiting"):
         return None
-    return f"{body['metadata']['name']}: {replicas} {scheduled.get('reason')}"
+    others = {c["type"]: c.get("reason") for c in status.get("conditions") or []}
+    return (
+        f"{body['metadata']['name']}: {status.get('phase')} {replicas} "
+        f"{scheduled.get('reason')} {others} resizes={(status.get('resizes') or [])[-1:]} "
+        f"preemptions={(status.get('preemptions') or [])[-1:]}"
+    )
 
 
 def test_churn_with_a_lagging_watch_never_gives_a_card_twice(
@@ -168,7 +174,8 @@ def test_churn_with_a_lagging_watch_never_gives_a_card_twice(
         env={"MATRIXPOOL_WATCH_LAG_SECONDS": str(LAG_SECONDS)},
     ).start()
     sampler = Sampler(cluster.api)
-    churn = Churn(cluster, namespace, seed=12)
+    unsettled: list[str] = []
+    churn = Churn(cluster, namespace, seed=int(os.environ.get("MATRIXPOOL_STRESS_SEED", "12")))
     watcher = threading.Thread(target=sampler.run, name="sampler", daemon=True)
     watcher.start()
     try:
@@ -184,6 +191,7 @@ def test_churn_with_a_lagging_watch_never_gives_a_card_twice(
                 GROUP, VERSION, namespace, PLURAL
             )["items"]
             waiting = [why for body in jobs if (why := settled(body))]
+            unsettled[:] = [why.split(":")[0] for why in waiting]
             if waiting:
                 print(f"{len(waiting)} jobs unsettled, e.g. {waiting[:3]}")
             return not waiting
@@ -197,6 +205,9 @@ def test_churn_with_a_lagging_watch_never_gives_a_card_twice(
         operator.kill()
         log = operator.log()
         print(log[-20000:])
+        for name in unsettled[:3]:  # what the operator said of a job that did not settle
+            said = [line for line in log.splitlines() if f"/{name}" in line or f"{name}-" in line]
+            print(f"--- {name}: {len(said)} lines\n" + "\n".join(said[-60:]))
     reasons = Counter(
         e["reason"]
         for e in json.loads(cluster.kubectl("get", "events", "-n", namespace, "-o", "json").stdout)[

@@ -12,7 +12,7 @@ Called by :mod:`.cycle`. A new gang (no pod yet) is handed on as a
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import structlog
@@ -87,8 +87,17 @@ async def reconcile_pods(
                 except Exception as error:  # e.g. a namespace being deleted: the others go on
                     log.warning("could not regroup", workload=workload.key, error=str(error))
                 continue
+        strays = (
+            set(strays_of(cycle, workload, existing.values()))
+            if plans and not recovery and workload.key not in cycle.shares.resuming
+            else set()
+        )
+        if strays:
+            log.info("stray pods deleted", workload=workload.key, pods=sorted(strays))
         missing = [plan for plan in plans if plan.name not in existing]
         resume = resume_value(cycle, workload, existing) if missing and not recovery else ""
+        if strays:
+            resume = None  # the new gang is made whole once they are gone
         wanted_gangs = wanted.get(workload.key, [])
         contracts = (
             training_contracts(workload, wanted_gangs, existing, resource) if missing else {}
@@ -119,7 +128,11 @@ async def reconcile_pods(
                     new = {n: manifests.pop(n) for n in members}
                     cycle.new.append(cyclestate.Pending(workload, gang, [], new))
         create = list(manifests.values())
-        surplus = [p for p in existing.values() if p.name not in names and not p.deleting]
+        surplus = [
+            p
+            for p in existing.values()
+            if (p.name not in names or p.name in strays) and not p.deleting
+        ]
         try:
             if create:
                 await cycle.act.create_pods(create)
@@ -153,15 +166,10 @@ def resume_value(
     then — asked in the background (:meth:`find_resume`), the answer read by a later
     cycle. The open ``status.preemptions`` record says the job must resume, so a restarted
     operator does the same; pods already told keep what they were told."""
-    resize = regroup.open_resize(cycle, workload)
-    opened = open_eviction(cycle, workload) if resize is None else None
-    if resize is not None:  # a regroup: the old world's newest step, fresh when none
-        tag = regroup.tag(resize)
-        world: int | None = int(resize.get("fromReplicas") or 0) or None
-    elif opened is not None:
-        tag, world = f"preempt-{opened.get('requestId') or ''}", None
-    else:
+    resuming = resume_of(cycle, workload)
+    if resuming is None:
         return ""
+    tag, world, fresh = resuming
     told = [p for p in existing.values() if restore_codec.restore_id(p.restore) == tag]
     if told:
         return told[0].restore
@@ -170,9 +178,42 @@ def resume_value(
         return cached[1]
     if existing:
         return None  # the old pods are still going
-    found = find_resume(cycle, workload, tag, world, fresh=resize is not None)
+    found = find_resume(cycle, workload, tag, world, fresh=fresh)
     cycle.memory.tasks.start(f"resume/{workload.uid}", found)
     return None
+
+
+def resume_of(
+    cycle: cyclestate.CycleState, workload: Workload
+) -> tuple[str, int | None, bool] | None:
+    """(tag, world, fresh) of the restore a TrainingJob's new pods are told while it regroups
+    (the old world's newest step; fresh when none) or resumes after an eviction; else None."""
+    if not isinstance(workload.model, trainingjob.TrainingJob):
+        return None
+    resize = regroup.open_resize(cycle, workload)
+    if resize is not None:
+        return regroup.tag(resize), int(resize.get("fromReplicas") or 0) or None, True
+    opened = open_eviction(cycle, workload)
+    if opened is not None:
+        return f"preempt-{opened.get('requestId') or ''}", None, False
+    return None
+
+
+def strays_of(
+    cycle: cyclestate.CycleState, workload: Workload, existing: Iterable[convert.PodFacts]
+) -> list[str]:
+    """Names of a regrouping or evicted job's live pods that were not made for its new gang
+    (told another restore, or none). The old gang's pods are deleted when it regroups or is
+    evicted; a pod that a cycle made meanwhile from an index that lagged the API (it did
+    not show pods it had just created) would otherwise hold the new gang back for good: its
+    pods are made once every old one is gone."""
+    resuming = resume_of(cycle, workload)
+    if resuming is None:
+        return []
+    tag = resuming[0]
+    return [
+        p.name for p in existing if not p.deleting and restore_codec.restore_id(p.restore) != tag
+    ]
 
 
 def open_eviction(cycle: cyclestate.CycleState, workload: Workload) -> Mapping[str, Any] | None:

@@ -21,7 +21,7 @@ from matrixpool.state import assumed as assuming
 from matrixpool.state import world
 from matrixpool_recovery import restore as restore_codec
 from tests.unit.recorder import Recorder
-from tests.unit.worlds import fixed_world, held, index, job, running
+from tests.unit.worlds import fixed_world, held, index, job, pod, running
 
 
 def cycle(seen: world.World, memory: cyclestate.Memory, executor: Recorder) -> None:
@@ -197,6 +197,27 @@ def test_a_size_that_moves_again_once_the_new_gang_runs_opens_a_regroup_of_its_o
     restore = restore_codec.parse_restore(value)
     assert restore is not None
     assert (restore.step, restore.world) == (9, 2)  # what the two ranks committed since
+
+
+def test_a_pod_made_from_a_lagging_index_during_a_regroup_goes_instead_of_holding_it_back() -> None:
+    # Regroup "abc" (4 -> 2) deleted the old ranks; meanwhile a cycle whose pod index lagged
+    # (it did not show the gang's pods) made e-1 for the new size, told nothing. It says the
+    # world the job runs at, so nothing disagrees: without more, the regroup's pods wait for
+    # it to go forever (found by tests/integration/test_stress.py).
+    e = elastic(2, resizes=[opened("abc")])
+    stray = pod("e-1", "e-uid-stray", world=2)
+    seen = fixed_world(index(stray), [e])
+    executor, memory = Recorder(), cyclestate.Memory()
+    memory.resumes["uid-e"] = ("resize-abc", restore_codec.restore_value(6, ["n0"], "resize-abc"))
+
+    cycle(seen, memory, executor)
+
+    assert executor.deleted == ["ns/e-1"]
+    assert executor.created == []  # the regroup's pods come once it is gone
+    cycle(fixed_world(index(), [e]), memory, executor)
+    assert sorted(m["metadata"]["name"] for m in executor.created) == ["e-0", "e-1"]
+    told = {m["metadata"]["annotations"]["matrixpool.dev/restore"] for m in executor.created}
+    assert {restore_codec.restore_id(v) for v in told} == {"resize-abc"}
 
 
 def test_recovery_sees_no_fault_in_a_gang_made_for_another_world() -> None:
