@@ -57,9 +57,15 @@ class Recorder:
             meta = manifest["metadata"]
             body = {**manifest, "metadata": {**meta, "uid": f"created-{meta['name']}"}}
             notes = meta.get("annotations") or {}
-            self.reserved.append(
-                (meta["namespace"], meta["name"], notes[pods.NODE_ANNOTATION], notes[labels.CARDS])
-            )
+            if pods.NODE_ANNOTATION in notes:  # else created unreserved (a gang that waits)
+                self.reserved.append(
+                    (
+                        meta["namespace"],
+                        meta["name"],
+                        notes[pods.NODE_ANNOTATION],
+                        notes[labels.CARDS],
+                    )
+                )
             answers.append((executor.facts_of(body), None))
         return answers
 

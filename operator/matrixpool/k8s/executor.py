@@ -46,8 +46,9 @@ class Executor(Protocol):
     async def create_reserved(
         self, manifests: Sequence[Mapping[str, Any]]
     ) -> list[tuple[convert.PodFacts | None, pods.Outcome]]:
-        """Create these pods, reserved in their manifests; per pod the pod as created (its
-        UID) or the error — one that exists already is an error (pods.AlreadyExistsError)."""
+        """Create these pods, reserved in their manifests (or unreserved: a new gang that
+        waits); per pod the pod as created (its UID) or the error — one that exists already is
+        an error (pods.AlreadyExistsError)."""
         ...
 
     async def reserve(

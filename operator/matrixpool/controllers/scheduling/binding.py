@@ -210,15 +210,25 @@ async def create_reserved(
 
 async def create_unplaced(cycle: cyclestate.CycleState, tried: set[model.GangKey]) -> None:
     """New gangs that could not be placed this cycle get their pods now, unreserved: the
-    pods show the gang waiting (kubectl get pods), and the next cycles place them."""
+    pods show the gang waiting (kubectl get pods), and the next cycles place them. Each pod
+    created is in the operator's view at once (:meth:`Assumed.made`): a next cycle whose pod
+    index lags does not make the gang again (for a job whose size moved meanwhile, with
+    another world)."""
     manifests = [
         m for p in cycle.new if p.gang.request.gang not in tried for m in (p.new or {}).values()
     ]
-    if manifests:
-        try:
-            await cycle.act.create_pods(manifests)
-        except Exception as error:  # e.g. a namespace being deleted: next cycle again
-            log.warning("could not create pods", pods=len(manifests), error=str(error))
+    if not manifests:
+        return
+    try:
+        outcomes = await cycle.act.create_reserved(manifests)
+    except Exception as error:  # e.g. a namespace being deleted: next cycle again
+        log.warning("could not create pods", pods=len(manifests), error=str(error))
+        return
+    for facts, outcome in outcomes:
+        if facts is not None:
+            cycle.assumed.made(facts)
+        elif not isinstance(outcome, pods.AlreadyExistsError):  # there already: the index lags
+            log.warning("could not create a pod", error=str(outcome))
 
 
 def unbound(

@@ -340,3 +340,20 @@ def test_a_new_pod_is_labelled_with_its_rank() -> None:
     executor = run_once(fixed_world(index(pod("a-2", "x2")), [job("a", 2)]))
     (first,) = [m for m in executor.created if m["metadata"]["name"] == "a-0"]
     assert first["metadata"]["labels"][labels.RANK] == "0"
+
+
+def test_a_waiting_gangs_pods_are_made_once_while_the_index_lags() -> None:
+    # Five ranks of 8 cards cannot be placed (the world's SuperNode is too small): their pods
+    # are created unreserved. The next cycle reads an index that does not show them yet: they
+    # are in the operator's view, so the gang is not made again (before, a job scaled between
+    # the two cycles got a pod of another world beside its gang: tests/integration/test_stress.py).
+    seen = fixed_world({}, [job("big", 5)])
+    executor, memory, assumed = Recorder(), cyclestate.Memory(), assuming.Assumed()
+    asyncio.run(scheduler.Cycle(seen, memory, assumed, executor).run())
+    assert sorted(m["metadata"]["name"] for m in executor.created) == [f"big-{r}" for r in range(5)]
+    assert executor.reserved == []  # unreserved: the gang waits
+
+    again = Recorder()
+    lagging = fixed_world(assumed.view({}), [job("big", 5)])  # as the loop reads the world
+    asyncio.run(scheduler.Cycle(lagging, memory, assumed, again).run())
+    assert again.created == []
