@@ -4,10 +4,13 @@ matrixpool_recovery.torch) as 3 ranks of at least 2 on sn-real. A higher-priorit
 needs one node arrives: the elastic job is asked to checkpoint, answers, and shrinks — the
 whole gang regroups at 2 ranks, each restoring the newest step all 3 committed. The
 higher-priority job goes: it grows back, the 3 new ranks restoring what the 2 committed (rank 2
-reads what the 2-rank world saved: DCP maps every item to the rank that saved it). Every rank of
-each new world restores the same step and steps on, and the job Succeeds with every rank's
-parameters bitwise those of a fault-free run of the same world schedule (3 ranks to the first
-regroup's step, 2 to the second's, then 3), computed in one process."""
+reads what the 2-rank world saved: DCP maps every item to the rank that saved it). Then a job of
+a higher priority needs two nodes: a shrink cannot free them, so the gang is asked to
+checkpoint, answers, and is evicted whole; when that job goes, its three ranks resume from the
+newest step all three committed. Every rank of each new gang restores the same step and steps on,
+and the job Succeeds with every rank's parameters bitwise those of a fault-free run of the same
+world schedule (3 ranks to the first regroup's step, 2 to the second's, then 3), computed in
+one process: an eviction and resume at the same size changes nothing of it."""
 
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from tests.realnodes.conftest import (
 from tests.realnodes.test_pytorch_on_real_nodes import PERSISTENT, job, reference
 
 JOB = "torch-elastic"
-STEPS = 90
+STEPS = 140  # a step every 0.5 s: room for two regroups and an eviction
 RANKS, FLOOR = 3, 2
 
 
@@ -45,13 +48,13 @@ def elastic() -> dict[str, Any]:
     return body
 
 
-def urgent(replicas: int = 1) -> dict[str, Any]:
+def urgent(replicas: int = 1, name: str = "urgent") -> dict[str, Any]:
     """A job of a higher priority, a node per replica (one: sn-real's three usable nodes are the
     elastic job's)."""
     return {
         "apiVersion": "matrixpool.dev/v1alpha1",
         "kind": "TrainingJob",
-        "metadata": {"name": "urgent"},
+        "metadata": {"name": name},
         "spec": {
             "superNode": REAL_SUPERNODE,
             "replicas": replicas,
@@ -86,7 +89,15 @@ def stepping_on(
 ) -> dict[int, tuple[int, int]] | None:
     """Rank → (step restored for ``resize``, newest step since), once every rank of the new
     world restored it and made two steps more."""
-    tag, found = f"resize-{resize['id']}", {}
+    return restored_and_stepping(cluster, namespace, f"resize-{resize['id']}", resize["toReplicas"])
+
+
+def restored_and_stepping(
+    cluster: framework.TestCluster, namespace: str, tag: str, size: int
+) -> dict[int, tuple[int, int]] | None:
+    """Rank → (step restored as ``tag`` says, newest step since), once each of ``size`` ranks
+    restored it and made two steps more."""
+    found = {}
     for rank, pod in Watched(cluster, namespace, JOB).rank_pods().items():
         logs = cluster.kubectl("logs", "-n", namespace, pod["metadata"]["name"], check=False)
         restored, newest = None, -1
@@ -98,7 +109,17 @@ def stepping_on(
                 newest = max(newest, int(line["step"]))
         if restored is not None and newest >= restored + 2:
             found[rank] = (restored, newest)
-    return found if sorted(found) == list(range(resize["toReplicas"])) else None
+    return found if sorted(found) == list(range(size)) else None
+
+
+def eviction(watched: Watched) -> dict[str, Any] | None:
+    """The preemption that evicted the whole gang (none kept), once it did."""
+    evictions = [
+        p
+        for p in watched.status().get("preemptions") or []
+        if p.get("replicasKept") is None and p.get("evictedAt")
+    ]
+    return evictions[-1] if evictions else None
 
 
 def test_an_elastic_pytorch_job_shrinks_and_grows_back_to_the_parameters_of_the_same_schedule(
@@ -150,7 +171,42 @@ def test_an_elastic_pytorch_job_shrinks_and_grows_back_to_the_parameters_of_the_
         )
         assert {step for step, _ in ranks.values()} == {grown["restoredStep"]}, ranks
 
-        # 3. To the end, with the fault-free parameters of the same world schedule.
+        # 3. A higher priority needs two nodes: shrinking to 2 frees one, so the whole gang is
+        #    evicted (asked to checkpoint first, which it answers); once that job goes, the
+        #    three ranks resume from the newest step all of them committed.
+        cluster.kubectl(
+            "apply", "-n", namespace, "-f", "-", input=json.dumps(urgent(2, "urgent-pair"))
+        )
+        evicted = framework.eventually(
+            lambda: eviction(watched), timeout=240, interval=1, what="evicted whole"
+        )
+        print("eviction:", evicted)
+        assert evicted["checkpoint"] == "Answered", evicted
+        assert evicted["step"] >= grown["restoredStep"], (evicted, grown)
+        framework.eventually(
+            lambda: not watched.rank_pods(), timeout=120, interval=1, what="no rank left"
+        )
+        cluster.kubectl("delete", "trainingjob", "urgent-pair", "-n", namespace, "--wait=false")
+        resumed = framework.eventually(
+            lambda: (eviction(watched) or {}).get("resumedAt") and eviction(watched),
+            timeout=240,
+            interval=1,
+            what="resumed",
+        )
+        # At least the step committed when it answered: its ranks saved on until they stopped.
+        assert resumed["restoredStep"] >= evicted["step"], resumed
+        ranks = framework.eventually(
+            lambda: restored_and_stepping(
+                cluster, namespace, f"preempt-{resumed['requestId']}", RANKS
+            ),
+            timeout=180,
+            interval=2,
+            what="the three ranks restore the same step and step on",
+        )
+        assert {step for step, _ in ranks.values()} == {resumed["restoredStep"]}, ranks
+        assert len(watched.status()["resizes"]) == 2  # an eviction is no regroup
+
+        # 4. To the end, with the fault-free parameters of the same world schedule.
         schedule = [(shrunk["restoredStep"], FLOOR), (grown["restoredStep"], RANKS)]
         made = reference(
             namespace, SPARE, steps=STEPS, ranks=RANKS, regroups=schedule, name="elastic-reference"
