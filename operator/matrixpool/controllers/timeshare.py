@@ -447,12 +447,17 @@ class Sharing:
                 else (record.step if record.step is not None else _tier_step(job))
             )
             sources = found.holders(step) if step is not None else []
+            size = allowance * self.per_replica(job)  # the ranks it resumes with
             value = restore_codec.restore_value(
                 step,
                 sources,
                 f"resume-{record.request_id}",
                 incarnation=found.new_incarnation(clock.SYSTEM.now()),
                 of=found.incarnation_of(step),
+                # Another number of ranks than wrote the step: a rank reads shard rank % world.
+                world=record.world_size
+                if step is not None and record.world_size and record.world_size != size
+                else None,
             )
             cached = (record.request_id, value, step)
             self.memory.restores[job.uid] = cached

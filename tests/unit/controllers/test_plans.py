@@ -371,6 +371,37 @@ def test_a_suspended_job_that_gets_cards_back_is_told_to_restore_its_step(
     assert "Resumed" in executor.reasons("a")
 
 
+def test_a_job_suspended_at_another_size_is_told_the_world_that_wrote_its_step() -> None:
+    # Suspended while it ran 2 of its 4 ranks (a window's allowance); the window that gives the
+    # cards back allows all 4: ranks 2 and 3 read the shards of ranks 0 and 1 (world 2).
+    executor, memory = Recorder(), timeshare.Memory()
+    suspended: dict[str, Any] = {
+        "timeSharing": {
+            "suspensions": [
+                {
+                    "requestId": "ts-2",
+                    "window": "busy",
+                    "suspendedAt": "2026-11-30T09:00:00Z",
+                    "worldSize": 2,
+                    "step": 6,
+                    "answered": True,
+                }
+            ]
+        }
+    }
+    a = job("a", 4, checkpoint=True, status=suspended)
+    executor.inventories["uid-a"] = daemonclient.Inventory(
+        tuple(held("uid-a", 6, r, f"n{r}") for r in (0, 1))
+    )
+    quiet = {**ALL_DAY, "windows": [{**ALL_DAY["windows"][0], "inferenceCards": 0}]}
+    pending = index(*(pod(f"a-{r}", f"new{r}") for r in range(4)))
+    asyncio.run(timeshare.share(fixed_world(pending, [a], time_sharing=quiet), memory, executor))
+    told = {pod: restore_codec.parse_restore(v[labels.RESTORE]) for pod, v in executor.annotated}
+    assert set(told) == {f"ns/a-{r}" for r in range(4)}
+    assert {(t.step, t.world) for t in told.values() if t is not None} == {(6, 2)}
+    assert [restore_codec.shard_for(r, 2) for r in range(4)] == [0, 1, 0, 1]
+
+
 # ---- tier-1 peers (controllers.daemons) ------------------------------------------------------
 
 
