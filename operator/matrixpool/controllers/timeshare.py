@@ -439,25 +439,20 @@ class Sharing:
         if not live:
             return True
         cached = self.memory.restores.get(job.uid)
+        per = self.per_replica(job)
         if cached is None or cached[0] != record.request_id:
             step, found = await self.committed(job, record.world_size, whole=True)
-            step = (
-                step
-                if step is not None
-                else (record.step if record.step is not None else _tier_step(job))
-            )
+            if step is None:  # none on the daemons: the suspension's step, else tier 3's
+                step = record.step if record.step is not None else _tier_step(job)
             sources = found.holders(step) if step is not None else []
-            size = allowance * self.per_replica(job)  # the ranks it resumes with
+            moved = record.world_size not in (0, allowance * per)  # resumes at another size
             value = restore_codec.restore_value(
                 step,
                 sources,
                 f"resume-{record.request_id}",
                 incarnation=found.new_incarnation(clock.SYSTEM.now()),
                 of=found.incarnation_of(step),
-                # Another number of ranks than wrote the step: a rank reads shard rank % world.
-                world=record.world_size
-                if step is not None and record.world_size and record.world_size != size
-                else None,
+                world=record.world_size if moved else None,  # rank r reads shard r % world
             )
             cached = (record.request_id, value, step)
             self.memory.restores[job.uid] = cached
@@ -470,7 +465,6 @@ class Sharing:
                 [(p.namespace, p.name) for p in unbound], {labels.RESTORE: value}
             )
             self.memory.annotated.update((p.key, value) for p in unbound)
-        per = self.per_replica(job)
         if len(live) == allowance * per and all(p.node for p in live):
             done = record.model_copy(update={"resumed_at": self.real, "restored_step": step})
             suspensions[-1] = common.to_wire(done)

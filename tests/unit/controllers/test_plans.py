@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import datetime
 import json
 from typing import Any
 
@@ -331,27 +330,25 @@ def test_a_window_that_gives_inference_every_card_asks_training_to_checkpoint_th
     assert "Suspended" in executor.reasons("a")
 
 
+def suspended(request: str, *, world: int, step: int) -> dict[str, Any]:
+    """The status of a job the window "busy" suspended at 09:00 with ``world`` ranks, having
+    answered its checkpoint request at ``step``."""
+    record = {
+        "requestId": request,
+        "window": "busy",
+        "suspendedAt": "2026-11-30T09:00:00Z",
+        "worldSize": world,
+        "step": step,
+        "answered": True,
+    }
+    return {"timeSharing": {"suspensions": [record]}}
+
+
 def test_a_suspended_job_that_gets_cards_back_is_told_to_restore_its_step(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     executor, memory = Recorder(), timeshare.Memory()
-    suspended: dict[str, Any] = {
-        "timeSharing": {
-            "suspensions": [
-                {
-                    "requestId": "ts-1",
-                    "window": "busy",
-                    "suspendedAt": datetime.datetime(2026, 11, 30, 9, tzinfo=datetime.UTC)
-                    .isoformat()
-                    .replace("+00:00", "Z"),
-                    "worldSize": 2,
-                    "step": 6,
-                    "answered": True,
-                }
-            ]
-        }
-    }
-    a = job("a", 2, checkpoint=True, status=suspended)
+    a = job("a", 2, checkpoint=True, status=suspended("ts-1", world=2, step=6))
     executor.inventories["uid-a"] = daemonclient.Inventory(
         tuple(held("uid-a", 6, r, f"n{r}") for r in (0, 1))
     )
@@ -375,21 +372,7 @@ def test_a_job_suspended_at_another_size_is_told_the_world_that_wrote_its_step()
     # Suspended while it ran 2 of its 4 ranks (a window's allowance); the window that gives the
     # cards back allows all 4: ranks 2 and 3 read the shards of ranks 0 and 1 (world 2).
     executor, memory = Recorder(), timeshare.Memory()
-    suspended: dict[str, Any] = {
-        "timeSharing": {
-            "suspensions": [
-                {
-                    "requestId": "ts-2",
-                    "window": "busy",
-                    "suspendedAt": "2026-11-30T09:00:00Z",
-                    "worldSize": 2,
-                    "step": 6,
-                    "answered": True,
-                }
-            ]
-        }
-    }
-    a = job("a", 4, checkpoint=True, status=suspended)
+    a = job("a", 4, checkpoint=True, status=suspended("ts-2", world=2, step=6))
     executor.inventories["uid-a"] = daemonclient.Inventory(
         tuple(held("uid-a", 6, r, f"n{r}") for r in (0, 1))
     )
