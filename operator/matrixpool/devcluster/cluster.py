@@ -51,6 +51,9 @@ STAGES_FILE = Path(__file__).with_name("kwok-stages.yaml")
 POLICY_TEMPLATE = "templates/pod-annotations-policy.yaml"
 POLICY_NAMESPACE = "matrixpool-system"  # the release namespace the template is rendered for
 DEFAULT_ROOT = Path(os.environ.get("MATRIXPOOL_CACHE", Path.home() / ".cache" / "matrixpool"))
+# "1": every real node's containerd starts with an empty root in the cluster's folder, instead
+# of the root it keeps in the cache between clusters (realnodes.image_store).
+FRESH_NODES_ENV = "MATRIXPOOL_FRESH_NODES"
 SERVICE_CIDR = "10.96.0.0/16"
 SERVICE_IP = "10.96.0.1"  # the kubernetes Service's ClusterIP (first address of SERVICE_CIDR)
 # --peers: kube-scheduler's own gang scheduling (PodGroup, scheduling.k8s.io/v1beta1) and
@@ -97,6 +100,7 @@ class Cluster:
         outliving it (``matrixpool cluster up``)."""
         self.folder = (folder or default_folder()).resolve()
         self.tied = tied
+        self._claims: dict[int, tuple[Path, int]] = {}  # kept containerd roots being claimed
         self.kubeconfig = self.folder / "kubeconfig"
         self.state_file = self.folder / "state.json"
         self._say: Progress = progress or (lambda line: print(line, file=sys.stderr))
@@ -257,18 +261,30 @@ class Cluster:
                     self.folder / "pki", f"system:node:{node.name}", ["system:nodes"]
                 )
                 server = f"https://{network.gateway}:{ports.apiserver}"
-                realnodes.prepare(node, network, server=server, pki=pki, client_cert=client)
+                realnodes.prepare(
+                    node,
+                    network,
+                    server=server,
+                    pki=pki,
+                    client_cert=client,
+                    containerd_root=self._store_of(index),
+                )
                 proxy = certs.client_cert(self.folder / "pki", realnodes.KUBE_PROXY_USER, [])
                 realnodes.prepare_kube_proxy(
                     node, network, server=server, ca_cert=pki.ca_cert, client_cert=proxy
                 )
                 realnodes.ensure_mount_namespace(network, node)
                 node_labels = realnodes.node_labels(index, nodes_per_rack, supernode)
-                self._record_real(
-                    node, {"index": index, "ip": network.node_ip(index), "labels": node_labels}
-                )
-                self._spawn_real(node, "containerd", realnodes.containerd_args(node, network))
-                realnodes.wait_containerd(node)
+                facts = {"index": index, "ip": network.node_ip(index), "labels": node_labels}
+                store, lock = self._claim_store(index)
+                if store is not None:
+                    facts["containerd_root"] = str(store)
+                self._record_real(node, facts)
+                try:
+                    self._start_containerd(node, network, lock, first=True)
+                finally:
+                    if lock is not None:
+                        os.close(lock)
                 realnodes.import_image(node, pause)
                 self._spawn_real(
                     node, "kubelet", realnodes.kubelet_args(node, network, bin_dir, node_labels)
@@ -305,8 +321,45 @@ class Cluster:
         entry.update(facts)
         self._write_state(state)
 
-    def _spawn_real(self, node: realnodes.Node, component: str, args: list[str]) -> None:
-        pid = self._start(args, node.folder / f"{component}.log", node.folder)
+    def _store_of(self, index: int) -> Path | None:
+        """Real node ``index``'s kept containerd root (:func:`realnodes.image_store`), claimed
+        for this cluster; None (a root of its own in the node's folder) when another cluster's
+        containerd holds it or ``MATRIXPOOL_FRESH_NODES=1``."""
+        if index in self._claims:
+            return self._claims[index][0]
+        store = realnodes.image_store(DEFAULT_ROOT, index)
+        lock = None if os.environ.get(FRESH_NODES_ENV) == "1" else realnodes.lock_store(store)
+        if lock is None:
+            self._say(f"    real node {index}: containerd starts empty (its kept root is busy)")
+            return None
+        self._claims[index] = (store, lock)
+        return store
+
+    def _claim_store(self, index: int) -> tuple[Path | None, int | None]:
+        store, lock = self._claims.pop(index, (None, None))
+        return store, lock
+
+    def _start_containerd(
+        self, node: realnodes.Node, network: realnodes.Network, lock: int | None, *, first: bool
+    ) -> None:
+        """Start the node's containerd, handing it ``lock`` (its kept root's); on a kept root's
+        first start, what a previous cluster left there is removed and containerd started again
+        so that its CRI plugin forgets those pods."""
+        args = realnodes.containerd_args(node, network)
+        keep = () if lock is None else (lock,)
+        self._spawn_real(node, "containerd", args, keep)
+        realnodes.wait_containerd(node)
+        if first and lock is not None and realnodes.remove_stale_containers(node):
+            self._say(f"    {node.name}: removed a previous cluster's containers from its root")
+            _terminate(int(self._read_state()["real"]["nodes"][node.name]["pids"]["containerd"]))
+            realnodes.kill_shims(node)
+            self._spawn_real(node, "containerd", args, keep)
+            realnodes.wait_containerd(node)
+
+    def _spawn_real(
+        self, node: realnodes.Node, component: str, args: list[str], keep: tuple[int, ...] = ()
+    ) -> None:
+        pid = self._start(args, node.folder / f"{component}.log", node.folder, keep)
         state = self._read_state()
         state["real"]["nodes"][node.name].setdefault("pids", {})[component] = pid
         self._write_state(state)
@@ -349,8 +402,16 @@ class Cluster:
         ]
         realnodes.ensure_routes(network, len(state["real"]["nodes"]), off)
         realnodes.mount_memory(network, node.index)
-        self._spawn_real(node, "containerd", realnodes.containerd_args(node, network))
-        realnodes.wait_containerd(node)
+        lock = None
+        if facts.get("containerd_root"):  # its kept root, let go when its containerd died
+            lock = realnodes.lock_store(Path(facts["containerd_root"]))
+            if lock is None:
+                raise ClusterError(f"{name}'s containerd root {facts['containerd_root']} is busy")
+        try:
+            self._start_containerd(node, network, lock, first=False)
+        finally:
+            if lock is not None:
+                os.close(lock)
         args = realnodes.kubelet_args(node, network, self.bin_dir, facts["labels"])
         self._spawn_real(node, "kubelet", args)
         state = self._read_state()
@@ -727,9 +788,9 @@ class Cluster:
         state.setdefault("pids", {})[name] = pid
         self._write_state(state)
 
-    def _start(self, args: list[str], log: Path, cwd: Path) -> int:
+    def _start(self, args: list[str], log: Path, cwd: Path, keep: tuple[int, ...] = ()) -> int:
         """Start ``args`` in a session of its own (it outlives this process unless ``tied``),
-        output appended to ``log``; return its pid."""
+        output appended to ``log``, descriptors ``keep`` inherited; return its pid."""
         with open(log, "ab") as out:
             process = subprocess.Popen(
                 args,
@@ -738,6 +799,7 @@ class Cluster:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
                 cwd=cwd,
+                pass_fds=keep,
                 preexec_fn=_die_with_parent if self.tied else None,
             )
         _CHILDREN[process.pid] = process

@@ -26,6 +26,7 @@ registry), and every node sees the machine's whole CPU and memory.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import ipaddress
 import json
@@ -138,16 +139,17 @@ def node_labels(index: int, nodes_per_rack: int, supernode: str) -> dict[str, st
 # ---- configuration files (pure) ------------------------------------------------------------
 
 
-def containerd_config(node: Node) -> str:
-    """containerd's config: its own root, state and sockets; CRI with our pause image, the
-    overlayfs snapshotter and the node's CNI folder. ``restrict_oom_score_adj``: this machine
-    forbids lowering a process's OOM score below its parent's (runc fails otherwise)."""
+def containerd_config(node: Node, root: Path | None = None) -> str:
+    """containerd's config: its own root (``root``, else in the node's folder), state and
+    sockets; CRI with our pause image, the overlayfs snapshotter and the node's CNI folder.
+    ``restrict_oom_score_adj``: this machine forbids lowering a process's OOM score below its
+    parent's (runc fails otherwise)."""
     base = node.folder / "containerd"
     cri = 'plugins."io.containerd.grpc.v1.cri"'
     return "\n".join(
         [
             "version = 2",
-            f'root = "{base / "root"}"',
+            f'root = "{root or base / "root"}"',
             f'state = "{base / "state"}"',
             "[grpc]",
             f'  address = "{node.socket}"',
@@ -410,6 +412,37 @@ def remove_containers(node: Node) -> None:
         ctr(node, "containers", "delete", container, check=False)
 
 
+def image_store(cache: Path, index: int) -> Path:
+    """Where real node ``index``'s containerd keeps its root between clusters: its content
+    store and unpacked layers, so that a warm run's image import writes only the layers that
+    changed (the app layer) instead of the whole 3.45 GB image into every node."""
+    return cache / "realnodes" / f"containerd-{index}"
+
+
+def lock_store(store: Path) -> int | None:
+    """Lock ``store`` for one containerd: an open descriptor holding an exclusive flock, to be
+    handed to that containerd (which keeps it, with its shims, as long as they live), or None
+    when another cluster's containerd holds it."""
+    store.mkdir(parents=True, exist_ok=True)
+    fd = os.open(store.with_name(store.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def remove_stale_containers(node: Node) -> bool:
+    """Delete what a previous cluster left in a kept root (containers and sandboxes of pods
+    that no longer exist, when it went down without its containerd, a node powered off);
+    True if there were any: the CRI plugin loaded them at start and must start again."""
+    if not ctr(node, "containers", "list", "--quiet", check=False).split():
+        return False
+    remove_containers(node)
+    return True
+
+
 def task_pids(node: Node) -> list[int]:
     """The first process of every container the node's containerd runs (sandboxes too)."""
     pids = []
@@ -562,12 +595,19 @@ def prepare_shared_persistent(path: Path = SHARED_PERSISTENT, uid: int = DAEMON_
 
 
 def prepare(
-    node: Node, network: Network, *, server: str, pki: Any, client_cert: tuple[Path, Path]
+    node: Node,
+    network: Network,
+    *,
+    server: str,
+    pki: Any,
+    client_cert: tuple[Path, Path],
+    containerd_root: Path | None = None,
 ) -> None:
     """Write the node's containerd, CNI and kubelet files."""
     for sub in ("containerd", "cni/net.d", "cni/ipam", "kubelet"):
         (node.folder / sub).mkdir(parents=True, exist_ok=True)
-    (node.folder / "containerd" / "config.toml").write_text(containerd_config(node))
+    config = containerd_config(node, containerd_root)
+    (node.folder / "containerd" / "config.toml").write_text(config)
     (node.folder / "cni" / "net.d" / "10-matrixpool.conflist").write_text(
         json.dumps(cni_config(node, network), indent=2)
     )

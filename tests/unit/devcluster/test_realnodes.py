@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import tarfile
@@ -37,6 +38,32 @@ def test_containerd_config_keeps_every_path_in_the_node_folder(tmp_path: Path) -
     assert "restrict_oom_score_adj = true" in config
     assert "netns_mounts_under_state_dir = true" in config
     assert str(tmp_path / "real-1" / "cni" / "net.d") in config
+
+
+def test_a_kept_root_is_named_by_node_index_and_its_state_stays_in_the_node_folder(
+    tmp_path: Path,
+) -> None:
+    node = realnodes.Node(2, tmp_path / "cluster" / "real-2")
+    store = realnodes.image_store(tmp_path / "cache", node.index)
+    assert store == tmp_path / "cache" / "realnodes" / "containerd-2"
+    config = realnodes.containerd_config(node, store)
+    assert f'root = "{store}"' in config
+    assert f'state = "{node.folder / "containerd" / "state"}"' in config  # tasks die with it
+
+
+def test_a_kept_root_serves_one_containerd_at_a_time(tmp_path: Path) -> None:
+    store = realnodes.image_store(tmp_path, 0)
+    held = realnodes.lock_store(store)
+    assert held is not None
+    assert store.is_dir()
+    assert realnodes.lock_store(store) is None  # another cluster's containerd holds it
+    other = realnodes.lock_store(realnodes.image_store(tmp_path, 1))  # another node's
+    assert other is not None
+    os.close(other)
+    os.close(held)  # its containerd (and shims) gone
+    again = realnodes.lock_store(store)
+    assert again is not None
+    os.close(again)
 
 
 def test_cni_gives_each_node_its_own_pod_subnet_and_address_file(tmp_path: Path) -> None:
