@@ -93,12 +93,12 @@ def stepping_on(
 
 
 def restored_and_stepping(
-    cluster: framework.TestCluster, namespace: str, tag: str, size: int
+    cluster: framework.TestCluster, namespace: str, tag: str, size: int, job: str = JOB
 ) -> dict[int, tuple[int, int]] | None:
     """Rank → (step restored as ``tag`` says, newest step since), once each of ``size`` ranks
-    restored it and made two steps more."""
+    of ``job`` restored it and made two steps more."""
     found = {}
-    for rank, pod in Watched(cluster, namespace, JOB).rank_pods().items():
+    for rank, pod in Watched(cluster, namespace, job).rank_pods().items():
         logs = cluster.kubectl("logs", "-n", namespace, pod["metadata"]["name"], check=False)
         restored, newest = None, -1
         for text in logs.stdout.splitlines():
