@@ -285,7 +285,7 @@ class Cluster:
                 finally:
                     if lock is not None:
                         os.close(lock)
-                realnodes.import_image(node, pause)
+                realnodes.import_archive(node, pause)
                 self._spawn_real(
                     node, "kubelet", realnodes.kubelet_args(node, network, bin_dir, node_labels)
                 )
@@ -447,9 +447,10 @@ class Cluster:
 
         def load(name: str) -> None:  # the nodes' containerds unpack side by side
             started = clock.SYSTEM.monotonic()
-            realnodes.import_image(self._real_node(name), archive)
+            written = realnodes.import_image(self._real_node(name), archive)
             took = clock.SYSTEM.monotonic() - started
-            self._say(f"  {archive.name} loaded into {name} in {took:.1f} s")
+            layers = f"{len(written)} layer{'s' * (len(written) != 1)} written, the rest kept"
+            self._say(f"  {archive.name} loaded into {name} in {took:.1f} s ({layers})")
 
         with ThreadPoolExecutor(max_workers=len(names)) as pool:
             list(pool.map(load, names))

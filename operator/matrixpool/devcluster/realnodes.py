@@ -33,6 +33,8 @@ import json
 import os
 import shutil
 import subprocess
+import tarfile
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -42,7 +44,7 @@ from typing import Any
 import yaml
 
 from matrixpool.api import labels
-from matrixpool.devcluster import dns
+from matrixpool.devcluster import dns, images
 
 PAUSE_IMAGE = "matrixpool/pause:local"  # the CRI sandbox image, made from our own pause binary
 CNI_BIN = Path("/usr/lib/cni")
@@ -388,9 +390,46 @@ def ctr(node: Node, *args: str, check: bool = True) -> str:
     return _run(["ctr", f"--address={node.socket}", "--namespace=k8s.io", *args], check=check)
 
 
-def import_image(node: Node, archive: Path) -> None:
-    """Load a docker-archive into the node's containerd (unpacked for the CRI's snapshotter)."""
+def import_archive(node: Node, archive: Path) -> None:
+    """Load a docker-archive into the node's containerd whole (the pause image)."""
     ctr(node, "images", "import", "--snapshotter=overlayfs", str(archive))
+
+
+def import_image(node: Node, archive: Path) -> list[str]:
+    """Load a docker-archive into the node's containerd (unpacked for the CRI's snapshotter),
+    as an OCI layout that carries only the layers the node lacks (a node that kept its root
+    between clusters holds the base and torch layers). Returns the layers written."""
+    with tarfile.open(archive) as tar:
+        manifest = tar.extractfile("manifest.json")
+        [tag] = json.load(manifest)[0]["RepoTags"] if manifest else [""]
+    have = set(ctr(node, "content", "ls", "--quiet").split())
+    argv = ["ctr", f"--address={node.socket}", "--namespace=k8s.io"]
+    argv += ["images", "import", "--snapshotter=overlayfs", "-"]
+    name = spelled(node, tag)
+    with tempfile.TemporaryFile() as err:
+        process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=err, stderr=err)
+        assert process.stdin is not None
+        written: list[str] = []
+        try:
+            with process.stdin:
+                written = images.write_oci(archive, process.stdin, name, have)
+        except BrokenPipeError:
+            pass  # ctr stopped reading: its exit status and message say why
+        if process.wait():
+            err.seek(0)
+            said = err.read().decode(errors="replace")[-2000:]
+            raise RealNodeError(f"importing {archive} into {node.name}: {said}")
+    return written
+
+
+def spelled(node: Node, name: str) -> str:
+    """``name`` as the node's containerd and kubelet spell it: with the domain that
+    containerd's own import of a docker-archive gave the pause image (cluster up loads it)."""
+    names = ctr(node, "images", "ls", "--quiet").split()
+    pause = [n for n in names if n.endswith("/" + PAUSE_IMAGE)]
+    if not pause:
+        raise RealNodeError(f"{node.name} holds no {PAUSE_IMAGE} image to learn names from")
+    return images.full_name(name, pause[0].removesuffix("/" + PAUSE_IMAGE))
 
 
 def remove_containers(node: Node) -> None:
@@ -742,8 +781,6 @@ def wait_containerd(node: Node, timeout: float = 30) -> None:
 
 def pause_archive(bin_dir: Path, out: Path) -> Path:
     """A docker-archive of the pause binary, as the CRI sandbox image."""
-    from matrixpool.devcluster import images
-
     if not out.exists():
         images.write_archive(
             out,

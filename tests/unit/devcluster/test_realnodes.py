@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -131,6 +132,44 @@ def test_a_docker_archive_holds_the_layers_and_a_config_naming_them(tmp_path: Pa
     assert config["rootfs"]["diff_ids"] == [images.digest(layer)]
     assert config["config"]["Entrypoint"] == ["/hello"]
     assert config["config"]["Env"][0].startswith("PATH=")
+
+
+def test_an_oci_stream_of_an_archive_leaves_out_the_layers_a_node_holds(tmp_path: Path) -> None:
+    files = []
+    for name in ("base", "app"):
+        (tmp_path / name).write_text(name)
+        files.append(images.layer_of_files({name: tmp_path / name}))
+    archive = images.write_archive(
+        tmp_path / "img.tar", "matrixpool:dev", layers=files, config={"User": "65532:65532"}
+    )
+    base, app = (images.digest(f) for f in files)
+    out = io.BytesIO()
+    name = "example.invalid/library/matrixpool:dev"
+    assert images.write_oci(archive, out, name, have={base}) == [app]
+    out.seek(0)
+    with tarfile.open(fileobj=out) as tar:
+        blobs = {n.removeprefix("blobs/sha256/") for n in tar.getnames() if n.startswith("blobs/")}
+        index = json.load(tar.extractfile("index.json"))  # type: ignore[arg-type]
+        [entry] = index["manifests"]
+        manifest = json.load(tar.extractfile(f"blobs/sha256/{entry['digest'][7:]}"))  # type: ignore[arg-type]
+        layer = tar.extractfile(f"blobs/sha256/{app[7:]}")
+        assert layer is not None
+        assert layer.read() == files[1].read_bytes()
+        assert json.load(tar.extractfile("oci-layout")) == {"imageLayoutVersion": "1.0.0"}  # type: ignore[arg-type]
+    # The named image, its manifest and config, and only the layer the node lacks.
+    assert entry["annotations"][images.NAME_ANNOTATION] == name
+    assert [layer["digest"] for layer in manifest["layers"]] == [base, app]
+    assert blobs == {entry["digest"][7:], manifest["config"]["digest"][7:], app[7:]}
+    out = io.BytesIO()
+    assert images.write_oci(archive, out, name) == [base, app]  # a node with an empty root
+
+
+def test_short_image_names_are_spelled_with_the_runtimes_domain() -> None:
+    domain = "example.invalid"
+    assert images.full_name("matrixpool:dev", domain) == f"{domain}/library/matrixpool:dev"
+    assert images.full_name("matrixpool/pause:local", domain) == f"{domain}/matrixpool/pause:local"
+    assert images.full_name("localhost/x:1", domain) == "localhost/x:1"
+    assert images.full_name("localhost:5000/a/b:1", domain) == "localhost:5000/a/b:1"
 
 
 def test_the_dockerfile_describes_the_image_make_image_builds() -> None:
