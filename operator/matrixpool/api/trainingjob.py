@@ -373,6 +373,10 @@ class Resize(common.ApiModel):
     """When every rank of the new size was bound; absent while under way."""
     seconds: float | None = Field(default=None, ge=0)
     """From ``startedAt`` to ``finishedAt``."""
+    superseded_by: str | None = Field(default=None, max_length=63)
+    """The time-sharing suspension or whole-gang eviction (its request id) that stopped the job
+    before the new ranks ran: its resume restored the job instead, from the newest step every
+    rank committed when it stopped."""
 
 
 class TimeSharingStatus(common.ApiModel):

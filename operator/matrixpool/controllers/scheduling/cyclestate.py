@@ -132,6 +132,13 @@ class CycleState:
     def effective(self, workload: Workload) -> int:
         return read_model.replicas_now(self.world, workload)
 
+    def preemptions(self, workload: Workload) -> list[dict[str, Any]]:
+        """status.preemptions as this cycle last wrote them, else as the index shows them."""
+        remembered = self.memory.preemptions.get(workload.uid)
+        if remembered is not None:
+            return [dict(p) for p in remembered]
+        return [dict(p) for p in workload.status.get("preemptions") or []]
+
     def card_resource(self, workload: Workload) -> str:
         assert workload.model is not None
         name = workload.model.spec.super_node

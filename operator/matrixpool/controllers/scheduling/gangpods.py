@@ -20,7 +20,7 @@ import structlog
 from matrixpool import clock
 from matrixpool.api import common, inferenceservice, labels, trainingjob
 from matrixpool.controllers import lifecycle, ranktable
-from matrixpool.controllers.scheduling import cyclestate, regroup, status
+from matrixpool.controllers.scheduling import cyclestate, regroup
 from matrixpool.k8s import convert, daemonclient, pods
 from matrixpool.placement import gangs
 from matrixpool.serving import pool as kv_pool
@@ -220,7 +220,7 @@ def open_eviction(cycle: cyclestate.CycleState, workload: Workload) -> Mapping[s
     """The newest preemption of a TrainingJob that evicted it whole and has not resumed."""
     if not isinstance(workload.model, trainingjob.TrainingJob):
         return None
-    history = status.preemptions_of(cycle, workload)
+    history = cycle.preemptions(workload)
     last = history[-1] if history else None
     if last is None or last.get("resumedAt") or last.get("replicasKept") is not None:
         return None

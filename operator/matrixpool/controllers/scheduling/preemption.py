@@ -206,7 +206,7 @@ async def give_up(
     keep = record.replicas_kept
     extra: dict[str, Any] = {}
     if workload.kind == trainingjob.KIND:
-        history = [*status.preemptions_of(cycle, workload), common.to_wire(record)]
+        history = [*cycle.preemptions(workload), common.to_wire(record)]
         history = history[-trainingjob.KEPT_PREEMPTIONS :]
         cycle.memory.preemptions[workload.uid] = history
         extra["preemptions"] = history

@@ -62,10 +62,65 @@ def tag(record: Mapping[str, Any]) -> str:
 
 
 def open_resize(cycle: cyclestate.CycleState, workload: Workload) -> Mapping[str, Any] | None:
-    """The regroup under way (its new gang not bound yet), or None."""
+    """The regroup under way (its new gang not bound yet, the job not stopped since), or
+    None."""
     history = resizes_of(cycle, workload)
     last = history[-1] if history else None
-    return last if last is not None and not last.get("finishedAt") else None
+    if last is None or last.get("finishedAt"):
+        return None
+    return None if superseded(last, workload.status, cycle.preemptions(workload)) else last
+
+
+def superseded(
+    record: Mapping[str, Any],
+    status: Mapping[str, Any],
+    preemptions: Sequence[Mapping[str, Any]],
+) -> str | None:
+    """The request id of the time-sharing suspension (``status.timeSharing.suspensions``) or
+    whole-gang eviction (``preemptions``) that came after regroup ``record`` started, if any:
+    every pod of the job went then, and that stop's resume restores the job (the newest step
+    every rank committed when it stopped), its pods told so: the regroup is over, and its own
+    restore, older, must not be handed to anyone."""
+    began = _instant(record.get("startedAt"))
+    if began is None:
+        return None
+    suspensions = (status.get("timeSharing") or {}).get("suspensions") or []
+    stops = [(s.get("suspendedAt"), s.get("requestId")) for s in suspensions]
+    stops += [
+        (p.get("evictedAt"), p.get("requestId"))
+        for p in preemptions
+        if p.get("replicasKept") is None
+    ]
+    later = [str(i or "") for at, i in stops if (t := _instant(at)) is not None and t > began]
+    return later[-1] if later else None
+
+
+def close_superseded(
+    resizes: Sequence[Mapping[str, Any]],
+    status: Mapping[str, Any],
+    preemptions: Sequence[Mapping[str, Any]],
+) -> list[dict[str, Any]]:
+    """status.resizes with an open regroup that a suspension or eviction overtook
+    (:func:`superseded`) closed, naming that stop, no step restored."""
+    history = [dict(r) for r in resizes]
+    last = history[-1] if history else None
+    if last is None or last.get("finishedAt"):
+        return history
+    by = superseded(last, status, preemptions)
+    if by is None:
+        return history
+    history = close(history, int(last.get("toReplicas") or 0), None, timed=False)
+    history[-1]["supersededBy"] = by
+    return history
+
+
+def _instant(value: Any) -> datetime.datetime | None:
+    """A status timestamp as an aware instant (UTC when it names no zone), None if unreadable."""
+    try:
+        instant = datetime.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return instant if instant.tzinfo else instant.replace(tzinfo=datetime.UTC)
 
 
 async def start(
@@ -80,6 +135,11 @@ async def start(
     delete them all. An open record whose new pods already run (the size moved again before
     all of them were bound) is closed first: they trained on, so the next regroup restores
     what they committed, not the step the last one restored."""
+    stopped = close_superseded(
+        resizes_of(cycle, workload), workload.status, cycle.preemptions(workload)
+    )
+    if stopped != resizes_of(cycle, workload):
+        cycle.memory.resizes[workload.uid] = stopped
     opened = open_resize(cycle, workload)
     made = [p for p in live if opened and restore_codec.restore_id(p.restore) == tag(opened)]
     if opened is not None and any(p.node for p in made):
@@ -141,21 +201,21 @@ def finished(
 
 
 def close(
-    resizes: Sequence[Mapping[str, Any]], size: int, step: int | None
+    resizes: Sequence[Mapping[str, Any]], size: int, step: int | None, *, timed: bool = True
 ) -> list[dict[str, Any]]:
     """status.resizes with the open (last) record closed now at ``size`` ranks (the size may
-    have moved again before the new pods came), having restored ``step`` when known."""
+    have moved again before the new pods came), having restored ``step`` when known; its
+    seconds go to the regroup histogram when ``timed`` (not for one a stop overtook)."""
     history = [dict(r) for r in resizes]
     last = history[-1]
     now = clock.SYSTEM.now()
     last["toReplicas"] = size
     last["finishedAt"] = now.isoformat().replace("+00:00", "Z")
-    try:
-        started = datetime.datetime.fromisoformat(str(last.get("startedAt")).replace("Z", "+00:00"))
+    started = _instant(last.get("startedAt"))
+    if started is not None:  # else a record an earlier writer left without a readable start
         last["seconds"] = round(max(0.0, (now - started).total_seconds()), 3)
-        metrics.REGROUP_SECONDS.observe(last["seconds"])
-    except ValueError:
-        pass  # a record an earlier writer left without a readable start
+        if timed:
+            metrics.REGROUP_SECONDS.observe(last["seconds"])
     if step is not None:
         last["restoredStep"] = step
     return history

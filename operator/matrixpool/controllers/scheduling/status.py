@@ -1,6 +1,6 @@
 """Phase 7 of the scheduling cycle: each workload's status composed once, from the world and
 what this cycle bound (:func:`report`), and written where it changed. Also what the cycle last
-wrote of ``conditions`` and ``preemptions`` (:func:`conditions_of`, :func:`preemptions_of`),
+wrote of ``conditions`` and ``preemptions`` (:func:`conditions_of`, ``CycleState.preemptions``),
 which :mod:`.preemption` writes at a preemption too. Called by :mod:`.cycle`.
 
 One writer per status field of a TrainingJob or InferenceService (merge patches of disjoint
@@ -67,7 +67,7 @@ async def report(
                 cycle.supernode_of,
                 cycle.world,
                 conditions_of(cycle, workload),
-                preemptions_of(cycle, workload),
+                cycle.preemptions(workload),
                 regroup.resizes_of(cycle, workload),
             )
             if "preemptions" in status:
@@ -357,10 +357,9 @@ def training_status(
             resumed(preemptions, facts) if complete else [dict(p) for p in preemptions]
         )
     if resizes:
+        history = regroup.close_superseded(resizes, workload.status, preemptions)
         status["resizes"] = (
-            regroup.finished(resizes, facts, _told_steps(facts))
-            if complete
-            else [dict(r) for r in resizes]
+            regroup.finished(history, facts, _told_steps(facts)) if complete else history
         )
     return status
 
@@ -422,14 +421,6 @@ def _placement_summary(
             cards=sum(len(c) for _, c in placed),
         )
     )
-
-
-def preemptions_of(cycle: cyclestate.CycleState, workload: Workload) -> list[dict[str, Any]]:
-    """status.preemptions as this cycle last wrote them, else as the index shows them."""
-    remembered = cycle.memory.preemptions.get(workload.uid)
-    if remembered is not None:
-        return [dict(p) for p in remembered]
-    return [dict(p) for p in workload.status.get("preemptions") or []]
 
 
 def conditions_of(cycle: cyclestate.CycleState, workload: Workload) -> list[common.Condition]:

@@ -14,7 +14,7 @@ import pytest
 
 from matrixpool.controllers.recovery import detect
 from matrixpool.controllers.scheduling import cycle as scheduler
-from matrixpool.controllers.scheduling import cyclestate, gangpods
+from matrixpool.controllers.scheduling import cyclestate, gangpods, regroup
 from matrixpool.k8s import daemonclient
 from matrixpool.placement import inventory
 from matrixpool.state import assumed as assuming
@@ -271,3 +271,57 @@ def test_a_preemptor_waits_for_a_gang_its_regroup_is_replacing_instead_of_evicti
     assert asked == []  # nobody is asked to checkpoint: the job's pods already go
     assert "Preempted" not in executor.reasons("e")
     assert not executor.status_of("e", "preemptions")
+
+
+def suspended_at(at: str, request: str = "ts-1") -> dict[str, Any]:
+    """status.timeSharing.suspensions' record of a window's suspension at ``at``, resumed."""
+    return {
+        "requestId": request,
+        "reason": "OutsideWindows",
+        "suspendedAt": at,
+        "worldSize": 2,
+        "step": 12,
+        "answered": True,
+        "resumedAt": "2026-11-30T10:05:00Z",
+        "restoredStep": 12,
+    }
+
+
+def test_a_regroup_a_suspension_overtook_is_closed_and_spares_the_resumed_gang() -> None:
+    # Regroup "abc" (4 -> 2) opened at 10:00; before its new ranks ran, a window suspended the
+    # job (10:01) and a later one resumed it: its two ranks run, told the suspension's step
+    # (resume-ts-1). They are no strays of the regroup, and nobody gets its older restore.
+    told = restore_codec.restore_value(12, ["n0"], "resume-ts-1", incarnation=8, of=8)
+    sharing = {"suspensions": [suspended_at("2026-11-30T10:01:00Z")]}
+    e = elastic(2, resizes=[opened("abc")], timeSharing=sharing)
+    seen = fixed_world(index(*running("e", 2, world=2, restore=told)), [e])
+    executor, memory = Recorder(), cyclestate.Memory()
+    memory.resumes["uid-e"] = ("resize-abc", restore_codec.restore_value(6, ["n0"], "resize-abc"))
+
+    cycle(seen, memory, executor)
+
+    assert executor.deleted == []
+    assert executor.created == []
+    [record] = resizes(executor)
+    assert (record["id"], record["supersededBy"]) == ("abc", "ts-1")
+    assert record["finishedAt"]
+    assert "restoredStep" not in record
+
+
+@pytest.mark.parametrize(
+    ("suspensions", "preemptions", "by"),
+    [
+        ([], [], None),
+        ([suspended_at("2026-11-30T09:59:00Z")], [], None),  # before the regroup: its past
+        ([suspended_at("2026-11-30T10:01:00Z")], [], "ts-1"),
+        ([], [{"requestId": "p-1", "evictedAt": "2026-11-30T10:02:00Z"}], "p-1"),
+        # A shrink by a preemption keeps ranks: it is what regroups, not a stop.
+        ([], [{"requestId": "p-2", "evictedAt": "2026-11-30T10:02:00Z", "replicasKept": 2}], None),
+        ([suspended_at("2026-11-30T10:01:00")], [], "ts-1"),  # no zone: UTC
+    ],
+)
+def test_a_regroup_is_superseded_only_by_a_stop_after_it_began(
+    suspensions: list[dict[str, Any]], preemptions: list[dict[str, Any]], by: str | None
+) -> None:
+    status = {"timeSharing": {"suspensions": suspensions}}
+    assert regroup.superseded(opened("abc"), status, preemptions) == by
