@@ -133,7 +133,10 @@ def test_a_preempted_training_job_is_asked_to_checkpoint_and_evicted_on_its_answ
     low = job("low", 2, priority=10, checkpoint=True, status={"checkpoints": {"memory": 4}})
     high = job("high", 4, priority=500)
     facts = index(
-        *(pod(f"low-{r}", f"l{r}", node=f"n{r}", cards=EIGHT, phase="Running") for r in range(2)),
+        *(
+            pod(f"low-{r}", f"l{r}", node=f"n{r}", cards=EIGHT, phase="Running", world=2)
+            for r in range(2)
+        ),
         *(pod(f"high-{r}", f"h{r}") for r in range(4)),
     )
     decisions, memory, assumed = decided.Decisions(), cyclestate.Memory(), assuming.Assumed()
@@ -176,6 +179,7 @@ def test_a_preempted_training_job_is_asked_to_checkpoint_and_evicted_on_its_answ
         6,
         calls.annotated[0][1]["matrixpool.dev/checkpoint-request"],
     )
+    assert record["worldSize"] == 2  # the world that wrote step 6
     assert calls.created == [], "no new pod while the evicted ones are going"
 
     # The evicted pods are gone; their trainers committed step 8 before they stopped. The new

@@ -194,8 +194,9 @@ def resume_of(
     if resize is not None:
         return regroup.tag(resize), int(resize.get("fromReplicas") or 0) or None, True
     opened = open_eviction(cycle, workload)
-    if opened is not None:
-        return f"preempt-{opened.get('requestId') or ''}", None, False
+    if opened is not None:  # the newest step of the world it was evicted at, not of its size now
+        world = int(opened.get("worldSize") or 0) or None
+        return f"preempt-{opened.get('requestId') or ''}", world, False
     return None
 
 

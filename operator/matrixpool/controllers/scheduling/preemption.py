@@ -67,6 +67,7 @@ async def preempt(
                 request_id=request_id,
                 evicted_at=clock.SYSTEM.now(),
                 replicas_kept=kept,
+                world_size=_world(cycle, workload),
                 checkpoint=trainingjob.PreemptionCheckpoint.NOT_ASKED,
                 step=_newest(workload),
             )
@@ -163,6 +164,7 @@ async def finish_preemptions(cycle: cyclestate.CycleState) -> None:
             requested_at=asked.requested_at,
             evicted_at=real,
             replicas_kept=asked.keep,
+            world_size=_world(cycle, workload),
             checkpoint=trainingjob.PreemptionCheckpoint.ANSWERED
             if answered
             else trainingjob.PreemptionCheckpoint.GRACE_EXPIRED,
@@ -170,6 +172,12 @@ async def finish_preemptions(cycle: cyclestate.CycleState) -> None:
             checkpoint_seconds=round(max(waited, 0.0), 3),
         )
         await give_up(cycle, workload, list(asked.doomed), record, how)
+
+
+def _world(cycle: cyclestate.CycleState, workload: Workload) -> int:
+    """The world a TrainingJob's live pods were made for (0 for a service, or none known)."""
+    live = [p for p in cycle.world.pods.get(workload.key, []) if not p.deleting]
+    return max((p.world for p in live), default=0)
 
 
 async def check(cycle: cyclestate.CycleState, workload: Workload, at: float) -> None:

@@ -325,3 +325,30 @@ def test_a_regroup_is_superseded_only_by_a_stop_after_it_began(
 ) -> None:
     status = {"timeSharing": {"suspensions": suspensions}}
     assert regroup.superseded(opened("abc"), status, preemptions) == by
+
+
+def test_a_job_evicted_at_one_size_resumes_from_what_that_world_committed() -> None:
+    # Evicted whole while it ran 2 ranks (the record says so); spec.replicas went to 3 while
+    # it waited. Its 2 ranks committed step 8; no 3-rank world ever committed a step: the
+    # resume restores 8, told the world that wrote it (rank 2 reads shard 0), not told no step.
+    evicted = {
+        "by": "ns/high",
+        "priority": 500,
+        "requestId": "abc",
+        "evictedAt": "2026-11-30T10:00:00Z",
+        "checkpoint": "Answered",
+        "step": 8,
+        "worldSize": 2,
+    }
+    low = job("low", 3, checkpoint=True, status={"preemptions": [evicted]})
+    executor, memory = Recorder(), cyclestate.Memory()
+    state = scheduler.Cycle(fixed_world(index(), [low]), memory, assuming.Assumed(), executor).state
+    resuming = gangpods.resume_of(state, low)
+    assert resuming == ("preempt-abc", 2, False)
+    executor.inventories["uid-low"] = daemonclient.Inventory(
+        tuple(held("uid-low", 8, r, f"n{r}") for r in range(2))
+    )
+    asyncio.run(gangpods.find_resume(state, low, "preempt-abc", resuming[1]))
+    told = restore_codec.parse_restore(memory.resumes["uid-low"][1])
+    assert told is not None
+    assert (told.step, told.world, told.recovery) == (8, 2, "preempt-abc")
