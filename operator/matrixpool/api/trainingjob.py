@@ -332,8 +332,8 @@ class Preemption(common.ApiModel):
     """When the job gave up its pods."""
     replicas_kept: int | None = Field(default=None, ge=0)
     """Replicas an elastic job kept (shrunk); absent: the whole gang was evicted."""
-    world_size: int = Field(default=0, ge=0)
-    """Ranks the job ran as when preempted (the world that wrote ``step``); 0: not known."""
+    world_size: int | None = Field(default=None, ge=1)
+    """Ranks the job ran as when preempted (the world that wrote ``step``); absent: not known."""
     checkpoint: PreemptionCheckpoint
     """Whether the job checkpointed before it gave up its pods."""
     step: int | None = Field(default=None, ge=0)

@@ -174,10 +174,10 @@ async def finish_preemptions(cycle: cyclestate.CycleState) -> None:
         await give_up(cycle, workload, list(asked.doomed), record, how)
 
 
-def _world(cycle: cyclestate.CycleState, workload: Workload) -> int:
-    """The world a TrainingJob's live pods were made for (0 for a service, or none known)."""
+def _world(cycle: cyclestate.CycleState, workload: Workload) -> int | None:
+    """The world a TrainingJob's live pods were made for (None for a service, or not known)."""
     live = [p for p in cycle.world.pods.get(workload.key, []) if not p.deleting]
-    return max((p.world for p in live), default=0)
+    return max((p.world for p in live), default=0) or None
 
 
 async def check(cycle: cyclestate.CycleState, workload: Workload, at: float) -> None:
