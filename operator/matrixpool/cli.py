@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -260,6 +261,25 @@ def _parser() -> argparse.ArgumentParser:
     )
     simulate.add_argument("--seed", type=int, help="override the file's seed")
     simulate.set_defaults(handler=_simulate)
+    reads = commands.add_parser(
+        "readings",
+        help="what the autoscaler reads from a serving engine's /metrics (URL or file), as JSON",
+    )
+    reads.add_argument("source", help="http://HOST:PORT/metrics, or a file of /metrics text")
+    reads.add_argument(
+        "--engine",
+        default="Auto",
+        choices=["Auto", "vLLM", "SGLang", "LlamaCpp"],
+        help="whose metric names (spec.autoscaling.engine; default: told from the names)",
+    )
+    reads.add_argument(
+        "--interval",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="a URL is read twice, S seconds apart: rates and the latency in between (default 5)",
+    )
+    reads.set_defaults(handler=_readings)
     for name in PLUGIN_COMMANDS:  # delegated before parsing; listed here for --help
         commands.add_parser(name, help=f"same as kubectl matrixpool {name} (see its --help)")
     return parser
@@ -269,6 +289,29 @@ def _plugin(argv: list[str]) -> int:
     from matrixpool.kubectl import cli as plugin_cli
 
     return plugin_cli.main(argv)
+
+
+def _readings(args: argparse.Namespace) -> int:
+    """One reading of a file, two of a URL ``--interval`` apart; the summary as JSON."""
+    import urllib.request
+
+    from matrixpool.serving import readings
+
+    engine = readings.Engine(args.engine)
+
+    def read() -> readings.Reading:
+        if not args.source.startswith(("http://", "https://")):
+            return readings.parse(Path(args.source).read_text(), time.monotonic(), engine)
+        with urllib.request.urlopen(args.source, timeout=10) as response:
+            return readings.parse(response.read().decode(), time.monotonic(), engine)
+
+    first = read()
+    before, now = (None, first)
+    if args.source.startswith(("http://", "https://")):
+        time.sleep(max(0.0, args.interval))
+        before, now = first, read()
+    print(json.dumps(readings.summary(now, before), indent=2))
+    return 0
 
 
 def _simulate(args: argparse.Namespace) -> int:

@@ -80,6 +80,15 @@ class Role(common.ApiModel):
 RatioValue = Annotated[int, Field(ge=1, le=1024)]
 
 
+class AutoscalingEngine(StrEnum):
+    """Whose metric names the pods' /metrics carry (matrixpool.serving.readings.ENGINES)."""
+
+    AUTO = "Auto"  # told from the names found
+    VLLM = "vLLM"
+    SGLANG = "SGLang"
+    LLAMA_CPP = "LlamaCpp"
+
+
 class AutoscalingMode(StrEnum):
     """What the autoscaler does with its recommendation."""
 
@@ -166,6 +175,9 @@ class Autoscaling(common.ApiModel):
     """Optional: keep one role's instances within a range per another's (instead of ratio)."""
     metrics_port: int = Field(default=8000, ge=1, le=65535)
     """Port of the pods' Prometheus /metrics that the load is read from."""
+    engine: AutoscalingEngine = AutoscalingEngine.AUTO
+    """The serving engine whose metric names /metrics carries: vLLM, SGLang or LlamaCpp
+    (llama.cpp's server); Auto tells it from the names (vLLM's when none is known)."""
     scale_down_stabilization_seconds: int = Field(default=300, ge=0, le=3600)
     """A role scales down only to the highest recommendation of this many seconds."""
     tolerance_percent: int = Field(default=10, ge=0, le=100)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -99,19 +99,23 @@ async def run(world: read_model.World, memory: Memory, act: executor.Executor) -
         if now >= state.next_at and not memory.tasks.busy(workload.uid):
             state.next_at = now + period()
             urls = {p.uid: f"http://{p.ip}:{spec.autoscaling.metrics_port}/metrics" for p in pods}
-            memory.tasks.start(workload.uid, read(urls, state, act))
+            engine = readings.Engine(spec.autoscaling.engine.value)
+            memory.tasks.start(workload.uid, read(urls, engine, state, act))
 
 
 def period() -> float:
     return float(os.environ.get(PERIOD_VARIABLE) or PERIOD_SECONDS)
 
 
-async def read(urls: Mapping[str, str], state: Service, act: executor.Executor) -> None:
-    """Step 1: the pods' /metrics, parsed; a pod that did not answer is left out."""
+async def read(
+    urls: Mapping[str, str], engine: readings.Engine, state: Service, act: executor.Executor
+) -> None:
+    """Step 1: the pods' /metrics, parsed in ``engine``'s names; a pod that did not answer is
+    left out."""
     texts = await act.scrape(list(urls.values()), SCRAPE_TIMEOUT_SECONDS)
     at = clock.SYSTEM.monotonic()
     state.fresh = {
-        uid: readings.parse(text, at)
+        uid: readings.parse(text, at, engine)
         for uid, url in urls.items()
         if (text := texts.get(url)) is not None
     }
@@ -152,7 +156,7 @@ async def decide(
     wanted = (str(mode), decision.prefill, decision.decode)
     if wanted in (state.written, shape.shown(workload)):
         return
-    reasons = [*advice.reasons, *decision.reasons][:16]
+    reasons = [*advice.reasons, *decision.reasons, read_as(fresh.values())][:16]
     roles = shape.role_replicas(decision.prefill, decision.decode)
     status = inferenceservice.Recommendation(
         mode=mode,
@@ -175,6 +179,16 @@ async def decide(
     kind = "Scaled" if mode == inferenceservice.AutoscalingMode.AUTO else "Recommended"
     act.event(workload.ref, "Normal", kind, f"{status.summary}: {'; '.join(reasons[:3])}")
     log.info("autoscaler", service=workload.key, mode=str(mode), replicas=status.summary)
+
+
+def read_as(fresh: Iterable[readings.Reading]) -> str:
+    """Which engine's names the readings were read in, and what those engines do not export
+    (it reads 0: docs/concepts.md, the autoscaler's engines)."""
+    fresh = list(fresh)
+    engines = sorted({r.engine.value for r in fresh})
+    missing = sorted(set().union(*(r.missing for r in fresh)) - {"decode_seconds"})
+    said = f"read as {'/'.join(engines)}"
+    return said + (f"; not exported: {', '.join(missing)}" if missing else "")
 
 
 def observe(

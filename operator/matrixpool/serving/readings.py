@@ -2,14 +2,30 @@
 factors from two readings of each of its instances.
 
 Called by the operator's autoscaler (:mod:`matrixpool.controllers.autoscaler`), which fetches the
-text, and by the tests with the simulated server's own output. Pure: text in, numbers out.
+text, by ``matrixpool readings`` (what a person's engine gives), and by the tests. Pure: text in,
+numbers out.
 
-The names are those vLLM exports (and :mod:`matrixpool.serving.server` too): gauges
-``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``;
-counters ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``,
-``vllm:request_success_total``; histograms ``vllm:time_to_first_token_seconds`` and
-``vllm:time_per_output_token_seconds``; and ``matrixpool_serving_busy_seconds_total`` (the
-instance's busy time, for card utilisation). A series an instance does not export reads 0.
+Each engine names the same quantities its own way (:data:`ENGINES`, from each engine's own
+documentation and source); ``spec.autoscaling.engine`` picks one, or ``Auto`` tells it from the
+names the text holds (:func:`detect`):
+
+- vLLM (V1, ``vllm:``): num_requests_running, num_requests_waiting, kv_cache_usage_perc
+  (gpu_cache_usage_perc before 0.12), prompt_tokens_total, generation_tokens_total,
+  request_success_total, the histograms time_to_first_token_seconds and
+  request_time_per_output_token_seconds (one value per request, as the SLO counts), else
+  inter_token_latency_seconds (every gap), else time_per_output_token_seconds (until 0.13); no
+  busy time (our simulated server adds matrixpool_serving_busy_seconds_total);
+- SGLang (``--enable-metrics``, ``sglang:``): num_running_reqs, num_queue_reqs, token_usage,
+  prompt_tokens_total, generation_tokens_total, num_requests_total, the histograms
+  time_to_first_token_seconds and inter_token_latency_seconds; no busy time;
+- llama.cpp's server (``--metrics``, ``llamacpp:``): requests_processing, requests_deferred,
+  prompt_tokens_total, tokens_predicted_total, prompt_seconds_total (busy time),
+  tokens_predicted_seconds_total; no KV usage (removed in 2025), no finished-request counter
+  and no histogram at all.
+
+A quantity an engine does not export reads 0 in the factors and is listed in
+:attr:`Reading.missing` (``matrixpool readings`` prints it as null); series are summed over
+their labels.
 
 From two readings of every instance the factors are (:func:`factors`):
 
@@ -19,9 +35,10 @@ From two readings of every instance the factors are (:func:`factors`):
 2. now: the requests waiting (turned into prompt tokens by the period's mean prompt), the mean
    KV usage of the instances that decode, the busy share of the prefill instances' cards (a
    decode step is busy at any batch, so busy time measures nothing there);
-3. latency: the p90 of TTFT and TPOT of the requests finished between the readings, from the
-   histograms' bucket growth, interpolated within a bucket as Prometheus'
-   ``histogram_quantile`` does.
+3. latency: the p90 of TTFT and of the inter-token latency of the requests finished between
+   the readings, from the histograms' bucket growth, interpolated within a bucket as
+   Prometheus' ``histogram_quantile`` does; an engine without an ITL histogram (llama.cpp)
+   gives the mean time per generated token instead, which is no p90 (it runs low).
 
 An instance read once has no rates yet: it counts for the gauges only.
 """
@@ -31,17 +48,83 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from matrixpool.serving import estimator
 
-RUNNING, WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"  # gauges
-KV = "vllm:kv_cache_usage_perc"  # gauge, 0..1
-PROMPT, GENERATED = "vllm:prompt_tokens", "vllm:generation_tokens"  # counters, without _total
-REQUESTS, BUSY = "vllm:request_success", "matrixpool_serving_busy_seconds"
-TTFT, TPOT = "vllm:time_to_first_token_seconds", "vllm:time_per_output_token_seconds"
 QUANTILE = 0.9
+
+
+class Engine(StrEnum):
+    """Whose metric names an instance exports (``spec.autoscaling.engine``)."""
+
+    AUTO = "Auto"  # told from the names the text holds
+    VLLM = "vLLM"
+    SGLANG = "SGLang"
+    LLAMA_CPP = "LlamaCpp"
+
+
+@dataclass(frozen=True)
+class Names:
+    """An engine's names of each quantity, the first found of each tuple read (the current
+    name first, then the ones it replaced); counters without ``_total``."""
+
+    prefix: str
+    running: tuple[str, ...] = ()
+    waiting: tuple[str, ...] = ()
+    kv_usage: tuple[str, ...] = ()
+    prompt_tokens: tuple[str, ...] = ()
+    generated_tokens: tuple[str, ...] = ()
+    requests: tuple[str, ...] = ()
+    busy_seconds: tuple[str, ...] = ()
+    decode_seconds: tuple[str, ...] = ()  # time spent generating: a mean ITL without a histogram
+    ttft: tuple[str, ...] = ()  # histograms
+    itl: tuple[str, ...] = ()
+
+
+ENGINES: dict[Engine, Names] = {
+    Engine.VLLM: Names(
+        prefix="vllm:",
+        running=("vllm:num_requests_running",),
+        waiting=("vllm:num_requests_waiting",),
+        kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+        prompt_tokens=("vllm:prompt_tokens",),
+        generated_tokens=("vllm:generation_tokens",),
+        requests=("vllm:request_success",),
+        busy_seconds=("matrixpool_serving_busy_seconds",),  # only our simulated server's
+        ttft=("vllm:time_to_first_token_seconds",),
+        itl=(  # per request (the SLO's TPOT), per token gap, the name removed after 0.13
+            "vllm:request_time_per_output_token_seconds",
+            "vllm:inter_token_latency_seconds",
+            "vllm:time_per_output_token_seconds",
+        ),
+    ),
+    Engine.SGLANG: Names(
+        prefix="sglang:",
+        running=("sglang:num_running_reqs",),
+        waiting=("sglang:num_queue_reqs",),
+        kv_usage=("sglang:token_usage",),
+        prompt_tokens=("sglang:prompt_tokens",),
+        generated_tokens=("sglang:generation_tokens",),
+        requests=("sglang:num_requests",),
+        ttft=("sglang:time_to_first_token_seconds",),
+        itl=("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"),
+    ),
+    Engine.LLAMA_CPP: Names(
+        prefix="llamacpp:",
+        running=("llamacpp:requests_processing",),
+        waiting=("llamacpp:requests_deferred",),
+        prompt_tokens=("llamacpp:prompt_tokens",),
+        generated_tokens=("llamacpp:tokens_predicted",),
+        busy_seconds=("llamacpp:prompt_seconds",),
+        decode_seconds=("llamacpp:tokens_predicted_seconds",),
+    ),
+}
+GAUGES = ("running", "waiting", "kv_usage")
+COUNTERS = ("prompt_tokens", "generated_tokens", "requests", "busy_seconds", "decode_seconds")
 
 
 @dataclass(frozen=True)
@@ -87,33 +170,65 @@ class Reading:
     generated_tokens: float = 0.0  # counter
     requests: float = 0.0  # counter of finished requests
     busy_seconds: float = 0.0  # counter
+    decode_seconds: float = 0.0  # counter: time spent generating tokens (llama.cpp)
     ttft: Histogram = Histogram()
-    tpot: Histogram = Histogram()
+    itl: Histogram = Histogram()
+    engine: Engine = Engine.VLLM  # whose names were read
+    missing: frozenset[str] = frozenset()  # quantities the text does not hold
 
 
-def parse(text: str, at: float) -> Reading:
-    """A reading from Prometheus text; series summed over their labels (one model each)."""
+def detect(text: str) -> Engine:
+    """The engine whose names the text holds most of (vLLM's when none: our server's)."""
+    counts = {
+        engine: sum(line.startswith(names.prefix) for line in text.splitlines())
+        for engine, names in ENGINES.items()
+    }
+    best = max(counts, key=lambda engine: counts[engine])
+    return best if counts[best] else Engine.VLLM
+
+
+def parse(text: str, at: float, engine: Engine = Engine.AUTO) -> Reading:
+    """A reading from Prometheus text in ``engine``'s names (:data:`ENGINES`; ``AUTO``:
+    :func:`detect`); series summed over their labels (one model each)."""
+    chosen = detect(text) if engine == Engine.AUTO else engine
+    names = ENGINES[chosen]
+    histograms = {*names.ttft, *names.itl}
     values: dict[str, float] = {}
-    buckets: dict[str, dict[float, float]] = {TTFT: {}, TPOT: {}}
+    buckets: dict[str, dict[float, float]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name.endswith("_bucket") and family.name in buckets:
+            if sample.name.endswith("_bucket") and family.name in histograms:
                 le = float(sample.labels["le"])
-                buckets[family.name][le] = buckets[family.name].get(le, 0.0) + sample.value
+                found = buckets.setdefault(family.name, {})
+                found[le] = found.get(le, 0.0) + sample.value
             elif sample.name in (f"{family.name}_total", family.name):
-                values[family.name] = values.get(family.name, 0.0) + sample.value
+                name = family.name.removesuffix("_total")  # however the TYPE line spelled it
+                values[name] = values.get(name, 0.0) + sample.value
+    read: dict[str, float] = {}
+    missing = set()
+    for quantity in (*GAUGES, *COUNTERS):
+        present = [n for n in getattr(names, quantity) if n in values]
+        if present:
+            read[quantity] = values[present[0]]
+        else:
+            missing.add(quantity)
+    ttft, itl = (_first(buckets, getattr(names, h)) for h in ("ttft", "itl"))
+    missing |= {h for h, found in (("ttft", ttft), ("itl", itl)) if found is None}
     return Reading(
         at=at,
-        running=values.get(RUNNING, 0.0),
-        waiting=values.get(WAITING, 0.0),
-        kv_usage=values.get(KV, 0.0),
-        prompt_tokens=values.get(PROMPT, 0.0),
-        generated_tokens=values.get(GENERATED, 0.0),
-        requests=values.get(REQUESTS, 0.0),
-        busy_seconds=values.get(BUSY, 0.0),
-        ttft=Histogram(tuple(sorted(buckets[TTFT].items()))),
-        tpot=Histogram(tuple(sorted(buckets[TPOT].items()))),
+        **read,
+        ttft=ttft or Histogram(),
+        itl=itl or Histogram(),
+        engine=chosen,
+        missing=frozenset(missing),
     )
+
+
+def _first(buckets: dict[str, dict[float, float]], names: Sequence[str]) -> Histogram | None:
+    for name in names:
+        if name in buckets:
+            return Histogram(tuple(sorted(buckets[name].items())))
+    return None
 
 
 @dataclass(frozen=True)
@@ -147,8 +262,19 @@ def factors(instances: Sequence[Instance]) -> estimator.Factors:
         kv_usage=sum(decoders) / len(decoders) if decoders else 0.0,
         card_utilisation=min(1.0, busy / cards) if cards else 0.0,
         ttft_p90_s=_merged(i.now.ttft.since(i.before.ttft if i.before else None) for i in rated),
-        tpot_p90_s=_merged(i.now.tpot.since(i.before.tpot if i.before else None) for i in rated),
+        tpot_p90_s=itl_of(rated),
     )
+
+
+def itl_of(rated: Sequence[Instance]) -> float | None:
+    """The p90 inter-token latency of the requests finished between the readings; for an
+    engine without the histogram (llama.cpp), the mean seconds per generated token."""
+    merged = _merged(i.now.itl.since(i.before.itl if i.before else None) for i in rated)
+    if merged is not None:
+        return merged
+    timed = [i for i in rated if "itl" in i.now.missing and "decode_seconds" not in i.now.missing]
+    tokens = sum(_rate(i, "generated_tokens") for i in timed)
+    return sum(_rate(i, "decode_seconds") for i in timed) / tokens if tokens > 0 else None
 
 
 def _rate(instance: Instance, counter: str) -> float:
@@ -165,3 +291,38 @@ def _merged(histograms: Iterable[Histogram]) -> float | None:
         for le, count in histogram.buckets:
             total[le] = total.get(le, 0.0) + count
     return Histogram(tuple(sorted(total.items()))).quantile(QUANTILE)
+
+
+def summary(now: Reading, before: Reading | None = None) -> dict[str, Any]:
+    """What the autoscaler reads from one instance, as ``matrixpool readings`` prints it: the
+    gauges of ``now``; with ``before`` (an earlier reading) the rates and the latency of the
+    requests finished in between, else latency over everything the engine counted since it
+    started and no rates. None for what the engine does not export."""
+    rated = before is not None and now.at > before.at
+    instance = Instance(before if rated else None, now, cards=1, decodes=True)
+
+    def rate(counter: str) -> float | None:
+        return _rate(instance, counter) if rated and counter not in now.missing else None
+
+    def gauge(name: str) -> float | None:
+        return None if name in now.missing else float(getattr(now, name))
+
+    earlier = before if rated else None
+    ttft = None if "ttft" in now.missing else now.ttft.since(earlier.ttft if earlier else None)
+    itl = None if "itl" in now.missing else now.itl.since(earlier.itl if earlier else None)
+    itl_p90 = itl.quantile(QUANTILE) if itl else None
+    mean = itl_of([instance]) if rated and itl is None else None
+    return {
+        "engine": now.engine.value,
+        "ttft_p90_s": ttft.quantile(QUANTILE) if ttft else None,
+        "itl_p90_s": itl_p90,
+        "itl_mean_s": mean,  # an engine without the histogram: the mean, not a p90
+        "running": gauge("running"),
+        "waiting": gauge("waiting"),
+        "kv_usage": gauge("kv_usage"),
+        "requests_per_s": rate("requests"),
+        "prompt_tokens_per_s": rate("prompt_tokens"),
+        "generation_tokens_per_s": rate("generated_tokens"),
+        "seconds_between_readings": round(now.at - before.at, 3) if rated and before else None,
+        "missing": sorted(now.missing),
+    }

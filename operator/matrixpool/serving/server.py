@@ -84,7 +84,7 @@ class Metrics:
             "vllm:time_to_first_token_seconds", "Arrival to first token.", TTFT_BUCKETS
         )
         self.tpot = histogram(
-            "vllm:time_per_output_token_seconds",
+            "vllm:request_time_per_output_token_seconds",  # current vLLM's name for it
             "Mean time per output token after the first, per request.",
             TPOT_BUCKETS,
         )

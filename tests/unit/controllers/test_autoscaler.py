@@ -15,7 +15,7 @@ from prometheus_client import REGISTRY
 
 from matrixpool.api import inferenceservice
 from matrixpool.controllers import autoscaler
-from matrixpool.serving import engine, server
+from matrixpool.serving import engine, readings, server
 from matrixpool.state.workloads import Workload
 from tests.unit import recorder, worlds
 from tests.unit.clocks import Ticking
@@ -254,3 +254,13 @@ async def test_the_recommendation_is_a_metric_series_per_role_dropped_when_the_s
     assert (after or 0) == (ups or 0) + 1  # prefill 2 → 8, decode 1 → at least 1: up
     memory.forget("uid-chat", "ns/chat")
     assert replicas("prefill") is None
+
+
+def test_the_recommendation_says_whose_names_it_read_and_what_they_lack() -> None:
+    llama = readings.parse("llamacpp:requests_processing 1\n", 0.0)
+    ours = readings.parse(server.Metrics("m").text().decode(), 0.0)
+    said = autoscaler.read_as([llama, ours])
+    assert said.startswith("read as LlamaCpp/vLLM; not exported: ")
+    assert "kv_usage" in said  # llama.cpp's server no longer exports it
+    assert "decode_seconds" not in said  # asked only when there is no ITL histogram
+    assert autoscaler.read_as([ours]) == "read as vLLM"  # our server exports all

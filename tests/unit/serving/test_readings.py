@@ -37,9 +37,10 @@ def test_a_reading_holds_what_the_server_counted() -> None:
     assert dict(reading.ttft.buckets)[0.5] == 1
 
 
-def test_a_missing_series_reads_zero() -> None:
+def test_a_missing_series_reads_zero_and_is_named_missing() -> None:
     reading = readings.parse("", at=0.0)
-    assert reading == readings.Reading(at=0.0)
+    every = {*readings.GAUGES, *readings.COUNTERS, "ttft", "itl"}
+    assert reading == readings.Reading(at=0.0, missing=frozenset(every))
 
 
 @pytest.mark.parametrize(

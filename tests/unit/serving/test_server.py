@@ -207,7 +207,7 @@ def test_metrics_carry_vllm_names_and_count_finished_requests() -> None:
         assert found["vllm:request_success_total"] == 2
         assert found["vllm:prompt_tokens_total"] == 20
         assert found["vllm:generation_tokens_total"] == 6
-        for name in ("time_to_first_token", "time_per_output_token", "e2e_request_latency"):
+        for name in ("time_to_first_token", "request_time_per_output_token", "e2e_request_latency"):
             assert found[f"vllm:{name}_seconds_count"] == 2
             assert found[f"vllm:{name}_seconds_sum"] > 0
         assert found["matrixpool_serving_busy_seconds_total"] > 0
