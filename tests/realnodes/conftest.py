@@ -170,6 +170,31 @@ def last_line(cluster: framework.TestCluster, ns: str, pod: str) -> dict[str, An
     return lines[-1] if lines else {}
 
 
+def ends_as(
+    cluster: framework.TestCluster,
+    ns: str,
+    watched: Watched,
+    reference: str,
+    ranks: int,
+    steps: int | None = None,
+) -> None:
+    """Every one of the job's ``ranks`` ranks finished (at step ``steps`` when given) with the
+    digest the pod ``reference`` computed in one process: bitwise the same parameters."""
+    final = {
+        r: last_line(cluster, ns, p["metadata"]["name"]) for r, p in watched.rank_pods().items()
+    }
+    expected = framework.eventually(
+        lambda: last_line(cluster, ns, reference).get("digest"),
+        timeout=300,
+        what=f"the digest {reference} computes",
+    )
+    assert sorted(final) == list(range(ranks))
+    for rank, line in final.items():
+        assert line.get("finished") is True, (rank, line)
+        assert steps is None or line["step"] == steps, (rank, line)
+        assert line["digest"] == expected, (rank, line, expected)
+
+
 class EndedPods:
     """Keeps the log of every pod of ``namespace`` whose container ended, read while the test
     runs (a recovery deletes a failed pod, and its log with it): the last lines printed when
@@ -238,6 +263,15 @@ class Watched:
 
         what = f"{self.name} running past step {past}"
         return framework.eventually(probe, timeout=timeout, what=what)
+
+    def succeeded(self, timeout: float = 300) -> None:
+        """Once the job's phase is Succeeded (every rank finished)."""
+        framework.eventually(
+            lambda: self.status().get("phase") == "Succeeded",
+            timeout=timeout,
+            interval=1,
+            what=f"{self.name} Succeeded",
+        )
 
     def recovered(self, count: int, timeout: float = 300) -> dict[str, Any]:
         """Entry ``count`` of status.recoveries, once that recovery has ended."""

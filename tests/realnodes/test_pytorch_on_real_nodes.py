@@ -18,6 +18,7 @@ from tests.realnodes.conftest import (
     REAL_SUPERNODE,
     SPARE,
     Watched,
+    ends_as,
     last_line,
     running,
     supernode,
@@ -29,22 +30,25 @@ RANKS = 2
 PERSISTENT = "/var/lib/matrixpool/persistent"  # the chart's persistentPath
 
 
-def job() -> dict[str, Any]:
-    """Two ranks of 8 cards (one per node), a step every ~1 s (a stopped kubelet shows in its
-    Lease after 20 s, then the recovery runs: training must outlast both), checkpoints every 2
-    steps in memory (one peer copy) and every 4 on tier 3."""
+def job(
+    name: str = JOB, *, ranks: int = RANKS, steps: int = STEPS, step_seconds: float = 1.0
+) -> dict[str, Any]:
+    """``ranks`` ranks of 8 cards (one per node), ``steps`` steps, a step every
+    ``step_seconds`` (here ~1 s: a stopped kubelet shows in its Lease after 20 s, then the
+    recovery runs: training must outlast both), checkpoints every 2 steps in memory (one peer
+    copy) and every 4 on tier 3, under ``PERSISTENT/<name>``."""
     env = {
-        "MATRIXPOOL_SIM_STEPS": str(STEPS),
-        "MATRIXPOOL_SIM_STEP_SECONDS": "1.0",
+        "MATRIXPOOL_SIM_STEPS": str(steps),
+        "MATRIXPOOL_SIM_STEP_SECONDS": str(step_seconds),
         "MATRIXPOOL_TORCH_TIMEOUT_SECONDS": "240",
     }
     return {
         "apiVersion": "matrixpool.dev/v1alpha1",
         "kind": "TrainingJob",
-        "metadata": {"name": JOB},
+        "metadata": {"name": name},
         "spec": {
             "superNode": REAL_SUPERNODE,
-            "replicas": RANKS,
+            "replicas": ranks,
             "cardsPerReplica": 8,
             "template": {
                 "spec": {
@@ -62,7 +66,7 @@ def job() -> dict[str, Any]:
             },
             "checkpoint": {
                 "memory": {"everySteps": 2, "peerReplicas": 1},
-                "persistent": {"everySteps": 4, "uri": f"file://{PERSISTENT}/{JOB}"},
+                "persistent": {"everySteps": 4, "uri": f"file://{PERSISTENT}/{name}"},
             },
         },
     }
@@ -232,23 +236,7 @@ def test_a_pytorch_job_recovers_on_real_nodes_to_the_parameters_of_a_fault_free_
         assert moved["spec"]["nodeName"] == spare, moved["spec"]["nodeName"]
 
         # 3. To the end: Succeeded, every rank's parameters those of the fault-free run.
-        framework.eventually(
-            lambda: watched.status().get("phase") == "Succeeded",
-            timeout=300,
-            interval=1,
-            what=f"{JOB} Succeeded",
-        )
+        watched.succeeded()
     finally:
         cluster.local.start_kubelet(node)
-    final = {
-        r: last_line(cluster, namespace, p["metadata"]["name"])
-        for r, p in watched.rank_pods().items()
-    }
-    expected = framework.eventually(
-        lambda: last_line(cluster, namespace, "torch-reference").get("digest"),
-        timeout=240,
-        what="the fault-free digest",
-    )
-    for r, line in final.items():
-        assert line.get("finished") is True, (r, line)
-        assert line["digest"] == expected, (r, line, expected)
+    ends_as(cluster, namespace, watched, "torch-reference", RANKS)

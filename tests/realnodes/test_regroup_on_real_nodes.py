@@ -24,10 +24,10 @@ from tests.realnodes.conftest import (
     SPARE,
     EndedPods,
     Watched,
-    last_line,
+    ends_as,
     supernode,
 )
-from tests.realnodes.test_pytorch_on_real_nodes import PERSISTENT, job, reference
+from tests.realnodes.test_pytorch_on_real_nodes import job, reference
 
 JOB = "torch-elastic"
 STEPS = 140  # a step every 0.5 s: room for two regroups and an eviction
@@ -36,15 +36,8 @@ RANKS, FLOOR = 3, 2
 
 def elastic() -> dict[str, Any]:
     """The example trainer's job, 3 ranks of at least 2, a step every 0.5 s."""
-    body = job()
-    body["metadata"]["name"] = JOB
-    spec = body["spec"]
-    spec["replicas"], spec["minReplicas"], spec["priority"] = RANKS, FLOOR, 10
-    [container] = spec["template"]["spec"]["containers"]
-    env = {e["name"]: e["value"] for e in container["env"]}
-    env |= {"MATRIXPOOL_SIM_STEPS": str(STEPS), "MATRIXPOOL_SIM_STEP_SECONDS": "0.5"}
-    container["env"] = [{"name": k, "value": v} for k, v in env.items()]
-    spec["checkpoint"]["persistent"]["uri"] = f"file://{PERSISTENT}/{JOB}"
+    body = job(JOB, ranks=RANKS, steps=STEPS, step_seconds=0.5)
+    body["spec"]["minReplicas"], body["spec"]["priority"] = FLOOR, 10
     return body
 
 
@@ -212,22 +205,5 @@ def test_an_elastic_pytorch_job_shrinks_and_grows_back_to_the_parameters_of_the_
             namespace, SPARE, steps=STEPS, ranks=RANKS, regroups=schedule, name="elastic-reference"
         )
         cluster.kubectl("apply", "-f", "-", input=json.dumps(made))
-        framework.eventually(
-            lambda: watched.status().get("phase") == "Succeeded",
-            timeout=300,
-            interval=1,
-            what=f"{JOB} Succeeded",
-        )
-    final = {
-        r: last_line(cluster, namespace, p["metadata"]["name"])
-        for r, p in watched.rank_pods().items()
-    }
-    expected = framework.eventually(
-        lambda: last_line(cluster, namespace, "elastic-reference").get("digest"),
-        timeout=300,
-        what="the digest of the same schedule without faults",
-    )
-    assert sorted(final) == list(range(RANKS))
-    for rank, line in final.items():
-        assert line.get("finished") is True, (rank, line)
-        assert line["digest"] == expected, (rank, line, expected)
+        watched.succeeded()
+    ends_as(cluster, namespace, watched, "elastic-reference", RANKS, STEPS)

@@ -27,11 +27,11 @@ from tests.realnodes.conftest import (
     SPARE,
     EndedPods,
     Watched,
-    last_line,
+    ends_as,
     running,
     supernode,
 )
-from tests.realnodes.test_pytorch_on_real_nodes import PERSISTENT, job, reference
+from tests.realnodes.test_pytorch_on_real_nodes import job, reference
 from tests.realnodes.test_regroup_on_real_nodes import restored_and_stepping
 
 JOB = "torch-moved"
@@ -42,16 +42,8 @@ MOVED_TO = "real-2"  # sn-real-b's one node; sn-real keeps real-0, real-1 and it
 
 def moving() -> dict[str, Any]:
     """The example trainer's job, one rank on sn-real that may go to another SuperNode."""
-    body = job()
-    body["metadata"]["name"] = JOB
-    spec = body["spec"]
-    spec["replicas"] = 1
-    spec["placement"] = {"superNodeAffinity": "Preferred"}
-    [container] = spec["template"]["spec"]["containers"]
-    env = {e["name"]: e["value"] for e in container["env"]}
-    env |= {"MATRIXPOOL_SIM_STEPS": str(STEPS), "MATRIXPOOL_SIM_STEP_SECONDS": "0.5"}
-    container["env"] = [{"name": k, "value": v} for k, v in env.items()]
-    spec["checkpoint"]["persistent"]["uri"] = f"file://{PERSISTENT}/{JOB}"
+    body = job(JOB, ranks=1, steps=STEPS, step_seconds=0.5)
+    body["spec"]["placement"] = {"superNodeAffinity": "Preferred"}
     return body
 
 
@@ -152,20 +144,6 @@ def test_a_job_whose_supernodes_daemons_are_all_lost_moves_to_another_and_restor
                 cut_off(cluster, node, undo=True)
         made = reference(namespace, SPARE, steps=STEPS, ranks=1, name="moved-reference")
         cluster.kubectl("apply", "-f", "-", input=json.dumps(made))
-        framework.eventually(
-            lambda: watched.status().get("phase") == "Succeeded",
-            timeout=300,
-            interval=1,
-            what=f"{JOB} Succeeded",
-        )
+        watched.succeeded()
     assert len(watched.status().get("recoveries") or []) == 1
-    [pod] = watched.rank_pods().values()
-    line = last_line(cluster, namespace, pod["metadata"]["name"])
-    expected = framework.eventually(
-        lambda: last_line(cluster, namespace, "moved-reference").get("digest"),
-        timeout=300,
-        what="the digest of the run without the fault",
-    )
-    assert line.get("finished") is True, line
-    assert line["step"] == STEPS, line
-    assert line["digest"] == expected, (line, expected)
+    ends_as(cluster, namespace, watched, "moved-reference", 1, STEPS)

@@ -29,10 +29,10 @@ from tests.realnodes.conftest import (
     SPARE,
     EndedPods,
     Watched,
-    last_line,
+    ends_as,
     supernode,
 )
-from tests.realnodes.test_pytorch_on_real_nodes import PERSISTENT, job, reference
+from tests.realnodes.test_pytorch_on_real_nodes import job, reference
 from tests.realnodes.test_regroup_on_real_nodes import restored_and_stepping
 
 JOB, SERVICE = "torch-nightly", "chat"
@@ -43,15 +43,8 @@ DAY_CARDS = 16  # the service's two pods, 8 cards each
 
 def nightly() -> dict[str, Any]:
     """The example trainer's job, 2 ranks, at night only, a step every 0.5 s."""
-    body = job()
-    body["metadata"]["name"] = JOB
-    spec = body["spec"]
-    spec["replicas"], spec["windows"] = RANKS, ["night"]
-    [container] = spec["template"]["spec"]["containers"]
-    env = {e["name"]: e["value"] for e in container["env"]}
-    env |= {"MATRIXPOOL_SIM_STEPS": str(STEPS), "MATRIXPOOL_SIM_STEP_SECONDS": "0.5"}
-    container["env"] = [{"name": k, "value": v} for k, v in env.items()]
-    spec["checkpoint"]["persistent"]["uri"] = f"file://{PERSISTENT}/{JOB}"
+    body = job(JOB, ranks=RANKS, steps=STEPS, step_seconds=0.5)
+    body["spec"]["windows"] = ["night"]
     return body
 
 
@@ -224,25 +217,8 @@ def test_a_night_job_checkpoints_for_the_day_and_resumes_the_next_night_to_the_s
         # To the end, with the parameters of a run that never saw the day.
         made = reference(namespace, SPARE, steps=STEPS, ranks=RANKS, name="nightly-reference")
         cluster.kubectl("apply", "-f", "-", input=json.dumps(made))
-        framework.eventually(
-            lambda: watched.status().get("phase") == "Succeeded",
-            timeout=300,
-            interval=1,
-            what=f"{JOB} Succeeded",
-        )
-    final = {
-        r: last_line(cluster, namespace, p["metadata"]["name"])
-        for r, p in watched.rank_pods().items()
-    }
-    expected = framework.eventually(
-        lambda: last_line(cluster, namespace, "nightly-reference").get("digest"),
-        timeout=300,
-        what="the digest of the run without the day",
-    )
-    assert sorted(final) == list(range(RANKS))
-    for rank, line in final.items():
-        assert line.get("finished") is True, (rank, line)
-        assert line["digest"] == expected, (rank, line, expected)
+        watched.succeeded()
+    ends_as(cluster, namespace, watched, "nightly-reference", RANKS, STEPS)
     selector = f"involvedObject.name={REAL_SUPERNODE}"
     out = cluster.kubectl("get", "events", "-A", "--field-selector", selector, "-o", "json")
     events = json.loads(out.stdout)["items"]

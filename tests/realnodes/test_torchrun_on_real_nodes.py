@@ -202,12 +202,7 @@ def run_through_faults(cluster: framework.TestCluster, namespace: str, ended: En
         assert entry["restoredStep"] > swapped, entry
 
         # 3. To the end: Succeeded, every rank's parameters those of the fault-free run.
-        framework.eventually(
-            lambda: watched.status().get("phase") == "Succeeded",
-            timeout=300,
-            interval=1,
-            what=f"{JOB} Succeeded",
-        )
+        watched.succeeded()
     finally:
         cluster.matrixpool("cluster", "fault", "power-on", lost, check=False)
     final = {

@@ -10,8 +10,7 @@ from __future__ import annotations
 import json
 
 from tests.integration import framework
-from tests.realnodes.conftest import SPARE, EndedPods, Watched, last_line, running, supernode
-from tests.realnodes.test_pytorch_on_real_nodes import JOB as MLP
+from tests.realnodes.conftest import SPARE, EndedPods, Watched, ends_as, running, supernode
 from tests.realnodes.test_pytorch_on_real_nodes import RANKS, STEPS, job, reference
 
 JOB = "torch-pair"
@@ -25,11 +24,7 @@ def test_two_nodes_powered_off_at_once_swap_both_ranks_to_the_two_spares(
     two_spares = supernode()
     two_spares["spec"]["spares"] = {"nodes": 2}
     cluster.kubectl("apply", "-f", "-", input=json.dumps(two_spares))
-    body = job()
-    body["metadata"]["name"] = JOB
-    body["spec"]["checkpoint"]["persistent"]["uri"] = body["spec"]["checkpoint"]["persistent"][
-        "uri"
-    ].replace(MLP, JOB)
+    body = job(JOB)
     watched = Watched(cluster, namespace, JOB)
     try:
         cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
@@ -62,28 +57,10 @@ def test_two_nodes_powered_off_at_once_swap_both_ranks_to_the_two_spares(
                 # stopped"), a fault of the dev cluster's power-off, not of the product.
                 ref = reference(namespace, SPARE)
                 cluster.kubectl("apply", "-f", "-", input=json.dumps(ref))
-                framework.eventually(
-                    lambda: watched.status().get("phase") == "Succeeded",
-                    timeout=300,
-                    interval=1,
-                    what=f"{JOB} Succeeded",
-                )
+                watched.succeeded()
             finally:
                 cluster.matrixpool("cluster", "fault", "power-on", *lost, check=False)
         assert len(watched.status().get("recoveries") or []) == 1
-        final = {
-            r: last_line(cluster, namespace, p["metadata"]["name"])
-            for r, p in watched.rank_pods().items()
-        }
-        expected = framework.eventually(
-            lambda: last_line(cluster, namespace, "torch-reference").get("digest"),
-            timeout=240,
-            what="the fault-free digest",
-        )
-        assert sorted(final) == list(range(RANKS))
-        for rank, line in final.items():
-            assert line.get("finished") is True, (rank, line)
-            assert line["step"] == STEPS, (rank, line)
-            assert line["digest"] == expected, (rank, line, expected)
+        ends_as(cluster, namespace, watched, "torch-reference", RANKS, STEPS)
     finally:
         cluster.kubectl("apply", "-f", "-", input=json.dumps(supernode()))  # one spare again
