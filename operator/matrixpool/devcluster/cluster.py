@@ -327,8 +327,10 @@ class Cluster:
         containerd holds it or ``MATRIXPOOL_FRESH_NODES=1``."""
         if index in self._claims:
             return self._claims[index][0]
+        if os.environ.get(FRESH_NODES_ENV) == "1":
+            return None
         store = realnodes.image_store(DEFAULT_ROOT, index)
-        lock = None if os.environ.get(FRESH_NODES_ENV) == "1" else realnodes.lock_store(store)
+        lock = realnodes.lock_store(store)
         if lock is None:
             self._say(f"    real node {index}: containerd starts empty (its kept root is busy)")
             return None
