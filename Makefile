@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv binaries crds crds-check lint typecheck imports helm-lint unit integration integration-demo integration-shared chaos e2e image real-nodes torch peers scale serving goodput test demo clean
+.PHONY: venv binaries engine crds crds-check lint typecheck imports helm-lint unit integration integration-demo integration-shared chaos e2e image real-nodes torch peers scale serving goodput test demo clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -19,6 +19,12 @@ $(STAMP): pyproject.toml
 # ~/.cache/matrixpool (tools/k8s/build.sh; a cold build takes ~12 min on 2 cores).
 binaries:
 	tools/k8s/build.sh
+
+# The real inference engine of the serving tests and benchmark: llama.cpp's server, built from
+# source once into ~/.cache/matrixpool/engine (tools/engine/build.sh; a cold build ~7 min on 2
+# cores), linked into the virtualenv's bin, where the process kubelet's pods find it on PATH.
+engine: venv
+	ln -sfn "$$(tools/engine/build.sh)" $(BIN)/llama-server
 
 crds: venv
 	$(BIN)/python -m matrixpool.api.crdgen
@@ -42,7 +48,7 @@ helm-lint: venv binaries
 unit: venv
 	$(BIN)/pytest tests/unit -q
 
-integration: venv binaries
+integration: venv binaries engine
 	$(BIN)/pytest tests/integration -q --durations=10
 
 # make test's split of it: the demo's test brings up a control plane of its own (no shared
@@ -50,7 +56,7 @@ integration: venv binaries
 DEMO_TEST := tests/integration/test_demo.py
 integration-demo: venv binaries
 	$(BIN)/pytest $(DEMO_TEST) -q --durations=1
-integration-shared: venv binaries
+integration-shared: venv binaries engine
 	$(BIN)/pytest tests/integration -q --durations=10 --ignore=$(DEMO_TEST)
 
 chaos: venv binaries
@@ -94,7 +100,7 @@ scale: venv binaries
 
 # One day of load on one InferenceService, sized fixed / by the window / by the autoscaler, and
 # the KV-cache pool on shared prefixes (benchmarks/serving.py; simulated time, a few minutes):
-serving: venv
+serving: venv engine
 	$(BIN)/pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python benchmarks/serving.py --json --png docs/img/serving.png
 
@@ -114,7 +120,7 @@ goodput: venv
 # are timing-sensitive, alone: integration, then chaos (a chaos recovery missed its 30 s when
 # it shared the machine with the real nodes' PyTorch job). -O prints each target's output whole.
 test:
-	$(MAKE) --no-print-directory venv binaries
+	$(MAKE) --no-print-directory venv binaries engine
 	tools/torch-venv.sh  # once, before the lanes: the image (real nodes) reads its wheels too
 	@$(MAKE) --no-print-directory real-nodes > .real-nodes.log 2>&1 & lane=$$!; \
 	$(MAKE) --no-print-directory -j2 -O lint typecheck imports crds-check helm-lint unit checkpoint torch \

@@ -212,6 +212,14 @@ def container_env(
     return env
 
 
+def pre_stop_sleep(pod_spec: Mapping[str, Any]) -> float:
+    """The longest ``lifecycle.preStop.sleep.seconds`` of the pod's containers (0: none)."""
+    hooks = [
+        ((c.get("lifecycle") or {}).get("preStop") or {}) for c in pod_spec.get("containers") or []
+    ]
+    return max((float((hook.get("sleep") or {}).get("seconds", 0)) for hook in hooks), default=0.0)
+
+
 def command_line(container: Mapping[str, Any], env: Mapping[str, str]) -> list[str]:
     """``command`` + ``args``, expanded against the container's env. (An image's own
     entrypoint is not known here: a container the sim runs must name its command.)"""

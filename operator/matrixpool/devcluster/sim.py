@@ -27,9 +27,12 @@ Other pods are left to kwok, which only reports them Running. kwok still reports
 pods Running (and their ``hostIP``) once bound; the sim starts their containers then.
 
 A deleted pod's processes get SIGTERM, and SIGKILL after its grace period if they still run,
-as a kubelet ends them (a server drains meanwhile). A node that goes NotReady or is deleted
-loses its daemon and its pods' processes at once
-(SIGKILL: its memory is gone); when it comes back it gets a fresh, empty daemon. The daemons
+as a kubelet ends them (a server drains meanwhile); a container's ``lifecycle.preStop.sleep``
+delays the SIGTERM by its seconds within that grace, as a kubelet runs the hook first (an
+engine that stops at once on SIGTERM finishes its requests meanwhile; the longest sleep of the
+pod's containers holds them all; ``preStop.exec`` and ``httpGet`` are not run). A node that
+goes NotReady or is deleted loses its daemon and its pods' processes at once (SIGKILL: its
+memory is gone); when it comes back it gets a fresh, empty daemon. The daemons
 run with the node's tier-1 folder bound at ``--memory-path`` (the chart's
 ``checkpointDaemon.memoryPath``), so the buffer paths they hand out are the ones a pod sees
 through its hostPath volume. Needs root (mount namespaces).
@@ -155,7 +158,9 @@ class PodRun:
     ended: bool = False  # phase Succeeded or Failed reported
     waiting: str = ""  # why its containers have not started yet (printed once)
     grace: float = DEFAULT_GRACE_SECONDS  # spec.terminationGracePeriodSeconds, last seen
-    kill_at: float | None = None  # monotonic: terminating (SIGTERM sent), SIGKILL then
+    pre_stop: float = 0.0  # the longest lifecycle.preStop.sleep.seconds of its containers
+    kill_at: float | None = None  # monotonic: terminating (SIGKILL then)
+    term_at: float | None = None  # monotonic: SIGTERM due (after the preStop sleep); None: sent
 
     def processes(self) -> list[Process]:
         every = [*self.inits.values(), *self.containers.values()]
@@ -509,6 +514,7 @@ class Sim:
             run.grace = float(
                 pod["spec"].get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS)
             )
+            run.pre_stop = kubelet.pre_stop_sleep(pod["spec"])
             try:
                 self.run_pod(pod, run, lookup)
             except kubelet.NotReadyError as waiting:
@@ -526,8 +532,11 @@ class Sim:
             given = (pod or {}).get("metadata", {}).get("deletionGracePeriodSeconds")
             grace = run.grace if given is None else float(given)
             run.kill_at = now + grace
+            run.term_at = now + min(grace, run.pre_stop)
+        if run.term_at is not None and now >= run.term_at:
+            run.term_at = None
             for process in run.processes():
-                if grace > 0:
+                if now < run.kill_at:
                     process.terminate()
                 else:
                     process.kill()

@@ -11,8 +11,9 @@ start, so a day can run in minutes) whether or not earlier ones have been answer
 dispatcher never waits for a response, and the HTTP connection pool is unbounded so that no
 request queues in the client. Requests go to ``POST {url}/v1/completions`` with
 ``stream: true``; the server answers one Server-Sent Event ``data:`` chunk per output token
-and then ``data: [DONE]``. Per request it records when it was due and sent, when the first
-token came, the gaps between tokens (TPOT = (last - first) / (n - 1)), and how it ended:
+and then ``data: [DONE]`` (a chunk of no text that only gives the finish reason, llama.cpp's
+last, is no token). Per request it records when it was due and sent, when the first token
+came, the gaps between tokens (TPOT = (last - first) / (n - 1)), and how it ended:
 
 - ``ok``: the stream ended with ``[DONE]``;
 - ``http_error``: any status but 200, or a 503 still answered after ``max_retries`` re-sends;
@@ -101,6 +102,10 @@ class Options:
     retry_wait_cap_s: float = 5.0  # longest wait for a Retry-After when every URL answered 503
     read_timeout_s: float = 60.0  # longest silence of a server before a connection error
     url_wait_s: float = 30.0  # live sets: longest a request waits for a URL to be listed
+    # An engine with a small vocabulary: prompt ids are sent as first + id % count (the same
+    # prefix stays the same ids); None: as drawn.
+    vocab: tuple[int, int] | None = None
+    extra: tuple[tuple[str, object], ...] = ()  # more fields of the body (e.g. ignore_eos)
 
     def __post_init__(self) -> None:
         if not self.urls or len(set(self.urls)) != len(self.urls):
@@ -486,11 +491,14 @@ async def _wait_for_url(shared: _Run, router: Router) -> _Streamed | None:
 async def _attempt(
     shared: _Run, router: Router, url: str, request: workload.Request, max_tokens: int
 ) -> _Streamed | _Draining | _Gone:
+    vocab = shared.options.vocab
+    prompt = [vocab[0] + t % vocab[1] for t in request.prompt] if vocab else list(request.prompt)
     body = {
         "model": shared.options.model,
-        "prompt": list(request.prompt),
+        "prompt": prompt,
         "max_tokens": max_tokens,
         "stream": True,
+        **dict(shared.options.extra),
     }
     timeout = aiohttp.ClientTimeout(total=None, sock_read=shared.options.read_timeout_s)
     router.started(url)
@@ -523,10 +531,18 @@ async def _read_stream(shared: _Run, url: str, response: aiohttp.ClientResponse)
                 continue  # blank separators, comments, other SSE fields
             if line[5:].strip() == b"[DONE]":
                 return _Streamed(url, tuple(times), Status.OK, 200)
+            if _closing(line):
+                continue
             times.append(shared.now())
     except (aiohttp.ClientError, TimeoutError) as error:
         return _Streamed(url, tuple(times), Status.CONNECTION_ERROR, 200, repr(error))
     return _Streamed(url, tuple(times), Status.CONNECTION_ERROR, 200, "stream ended before [DONE]")
+
+
+def _closing(line: bytes) -> bool:
+    """A chunk of no text that only gives the finish reason (llama.cpp's last one): no token."""
+    empty = b'"text":""' in line or b'"text": ""' in line
+    return empty and b'"finish_reason":null' not in line and b'"finish_reason": null' not in line
 
 
 def _retry_after(header: str | None) -> float:

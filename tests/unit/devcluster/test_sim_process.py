@@ -8,7 +8,7 @@ import os
 import time
 from pathlib import Path
 
-from matrixpool.devcluster import cgroups, sim
+from matrixpool.devcluster import cgroups, kubelet, sim
 from tests import ci
 
 
@@ -90,3 +90,42 @@ def test_a_killed_containers_children_die_with_it_even_in_a_session_of_their_own
     finally:
         cgroups.remove(parent)
     assert not parent.exists()
+
+
+class _Ended:
+    """The part of the sim that :meth:`sim.Sim.terminate` calls once a pod's processes end."""
+
+    def __init__(self) -> None:
+        self.ended: list[sim.PodRun] = []
+
+    def end_run(self, run: sim.PodRun) -> None:
+        self.ended.append(run)
+
+
+def test_a_prestop_sleep_delays_sigterm_within_the_grace_period(tmp_path: Path) -> None:
+    """As a kubelet runs a container's preStop hook before its SIGTERM: a process that stops at
+    once on SIGTERM (an engine) still runs through the sleep, then gets SIGTERM, not SIGKILL."""
+    spec = {
+        "containers": [
+            {"name": "engine", "lifecycle": {"preStop": {"sleep": {"seconds": 1}}}},
+            {"name": "other"},
+        ]
+    }
+    assert kubelet.pre_stop_sleep(spec) == 1.0
+    assert kubelet.pre_stop_sleep({"containers": [{"name": "x"}]}) == 0.0
+    marker = tmp_path / "term"
+    argv = ["sh", "-c", f"trap 'echo TERM > {marker}; exit 0' TERM; while :; do sleep 0.05; done"]
+    process = sim._spawn(argv, tmp_path / "log", {"PATH": os.defpath}, inherit=False)
+    run = sim.PodRun("uid", "ns", "pod", "node-0", tmp_path / "pod", grace=30.0)
+    run.pre_stop = kubelet.pre_stop_sleep(spec)
+    run.containers["engine"] = sim.Container("engine", process=process)
+    owner = _Ended()
+    started = time.monotonic()
+    while not owner.ended:
+        sim.Sim.terminate(owner, run, None)  # type: ignore[arg-type]
+        if time.monotonic() - started < 0.9:
+            assert process.alive(), "SIGTERM came before the preStop sleep ended"
+        assert time.monotonic() - started < 10, "the process never ended"
+        time.sleep(0.05)
+    assert time.monotonic() - started >= 1.0
+    assert marker.read_text().strip() == "TERM"  # a SIGTERM, not the SIGKILL of the grace's end
