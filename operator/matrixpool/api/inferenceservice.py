@@ -10,7 +10,7 @@ Read by the inference handlers (create gangs, publish the expert map, write stat
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -160,6 +160,28 @@ class RatioRange(common.ApiModel):
     """Most instances of role per 100 instances of per, e.g. 50."""
 
 
+class ReplicaCapacity(common.ApiModel):
+    """What one replica sustains, as a person measured it (e.g. a benchmark of the engine on
+    these cards); a figure left out is learned from the role's readings."""
+
+    model_config = ConfigDict(
+        json_schema_extra=common.validations(
+            common.rule(
+                "has(self.prefillTokensPerSecond) || has(self.decodeTokensPerSecond)",
+                "spec.autoscaling.capacity must state prefillTokensPerSecond or "
+                "decodeTokensPerSecond (leave capacity out to learn both)",
+            ),
+        )
+    )
+
+    prefill_tokens_per_second: int | None = Field(default=None, ge=1, le=100_000_000)
+    """Prompt tokens one replica of the prefill role (or of the only role) processes per
+    second; absent: learned from its readings."""
+    decode_tokens_per_second: int | None = Field(default=None, ge=1, le=100_000_000)
+    """Output tokens one replica of the decode role (or of the only role) yields per second at
+    the TPOT target; absent: learned from its readings."""
+
+
 class Autoscaling(common.ApiModel):
     """Load-driven scaling of the roles to SLO targets (prefill and decode apart)."""
 
@@ -182,6 +204,10 @@ class Autoscaling(common.ApiModel):
     """A role scales down only to the highest recommendation of this many seconds."""
     tolerance_percent: int = Field(default=10, ge=0, le=100)
     """A recommendation this close to the current replicas changes nothing."""
+    capacity: ReplicaCapacity | None = None
+    """Optional: per replica, the prompt and output tokens/s a person measured; used as
+    stated. Absent (or a figure left out): learned from the roles' readings, the
+    CloudMatrix-Infer figures being only the first guess (status.recommendation.capacity)."""
 
 
 class KvCache(common.ApiModel):
@@ -269,6 +295,31 @@ class RoleRecommendation(common.ApiModel):
     """Instances the load needs, within the role's range and the window's cap."""
 
 
+class CapacitySource(StrEnum):
+    """Where a per-replica capacity figure comes from."""
+
+    STATED = "Stated"  # spec.autoscaling.capacity
+    LEARNED = "Learned"  # from the role's own readings
+    FIRST_GUESS = "FirstGuess"  # the CloudMatrix-Infer figures, until readings say better
+
+
+class PhaseCapacity(common.ApiModel):
+    """The per-replica capacity the autoscaler sized one phase with, and where it came from."""
+
+    phase: Literal["prefill", "decode"]
+    """prefill (prompt tokens/s) or decode (output tokens/s at the TPOT target)."""
+    role: common.DnsLabel
+    """The role whose replicas serve that phase."""
+    tokens_per_second: common.Count
+    """Tokens per second one replica sustains, as used."""
+    source: CapacitySource
+    """Stated, Learned or FirstGuess."""
+    periods: common.Count = 0
+    """Readings the figure was learned from (Learned)."""
+    said: str | None = Field(default=None, max_length=256)
+    """The figure in words, e.g. "learned from busy time over 12 periods"."""
+
+
 class Recommendation(common.ApiModel):
     """What the autoscaler last recommended, and why."""
 
@@ -286,6 +337,10 @@ class Recommendation(common.ApiModel):
     """The replicas at a glance, e.g. "prefill 3, decode 1" (kubectl get column Autoscaled)."""
     limited_by: str | None = Field(default=None, max_length=63)
     """What held it below the load's need (e.g. window cap, free cards), if anything."""
+    capacity: list[PhaseCapacity] = Field(
+        default_factory=list, max_length=2, json_schema_extra=common.list_map("phase")
+    )
+    """Per phase, the capacity per replica it was sized with and its source."""
     time: datetime
     """When it was computed."""
 
@@ -304,6 +359,45 @@ class KvCacheStatus(common.ApiModel):
     """Member nodes whose daemons hold the quota."""
 
 
+MAX_SLOTS = 4096 * 64  # cards of one instance at most: podsPerReplica * cardsPerPod
+
+
+class HotExpert(common.ApiModel):
+    """One of the experts that took the most tokens."""
+
+    expert: common.Count
+    """Expert id."""
+    share_percent: float = Field(ge=0, le=100)
+    """Its share of the tokens counted, in percent."""
+    copies: int = Field(ge=1)
+    """Cards holding it in the map written."""
+
+
+class ExpertsStatus(common.ApiModel):
+    """The measured load of one expert-parallel role and the expert map balancing it
+    (written by the experts controller, matrixpool.controllers.experts)."""
+
+    role: common.DnsLabel
+    """Role name."""
+    tokens: common.Count = 0
+    """Tokens routed to experts over the last period, all its ready pods together."""
+    imbalance: float | None = Field(default=None, ge=1)
+    """Max/mean load per card over the last period, under the map in force then."""
+    measured_time: datetime | None = None
+    """When the last period ended."""
+    hottest: list[HotExpert] = Field(default_factory=list, max_length=8)
+    """The experts that took the most tokens over the last period, hottest first."""
+    imbalance_before: float | None = Field(default=None, ge=1)
+    """At the last re-plan: max/mean load per card under the map it replaced."""
+    imbalance_after: float | None = Field(default=None, ge=1)
+    """At the last re-plan: max/mean load per card of the same load under the new map."""
+    rebalanced_time: datetime | None = None
+    """When the map was last re-planned."""
+    layout: list[common.Count] = Field(default_factory=list, max_length=MAX_SLOTS)
+    """Slot → expert of the map in force: slot s is the s-th card of an instance in rank
+    order; empty: experts in slot order, the redundant slots copies of experts 0, 1, 2..."""
+
+
 class InferenceServiceStatus(common.ApiModel):
     """Observed state of the service, written by the operator."""
 
@@ -319,6 +413,10 @@ class InferenceServiceStatus(common.ApiModel):
     """Where the instances are bound."""
     expert_map: str | None = None
     """Name of the ConfigMap mapping experts to cards."""
+    experts: list[ExpertsStatus] = Field(
+        default_factory=list, max_length=8, json_schema_extra=common.list_map("role")
+    )
+    """Per expert-parallel role: the measured expert load and the map balancing it."""
     recommendation: Recommendation | None = None
     """The autoscaler's last recommendation (spec.autoscaling), applied or advisory."""
     kv_cache: KvCacheStatus | None = None

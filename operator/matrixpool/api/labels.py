@@ -79,6 +79,22 @@ def credential_secret(job_uid: str) -> str:
     return f"{CREDENTIAL_SECRET_PREFIX}{job_uid}"
 
 
+# --- the expert map of an expert-parallel role (docs/concepts.md, "Experts follow their load") --
+EXPERTS_MOUNT = "/etc/matrixpool/experts"  # where an expert-parallel pod sees its service's map
+ENV_EXPERT_MAP_FILE = "MATRIXPOOL_EXPERT_MAP_FILE"  # env var: its instance's map in that folder
+ENV_EXPERTS = "MATRIXPOOL_EXPERTS"  # env var: the role's distinct experts
+
+
+def expert_map_config_map(service: str) -> str:
+    """The name of the ConfigMap holding an InferenceService's expert maps."""
+    return f"{service}-expert-map"
+
+
+def expert_map_key(role: str, replica: int) -> str:
+    """The key (and file name) of one instance's expert map in that ConfigMap."""
+    return f"{role}-{replica}.json"
+
+
 # --- torchrun's environment and the HCCL rank table (docs/pytorch.md) ------------------------
 CLUSTER_DOMAIN = "cluster.local"  # DNS domain (operator env MATRIXPOOL_CLUSTER_DOMAIN)
 RANK_TABLE_KEY = "hccl.json"  # the rank table's key in its ConfigMap, its file name in the pod

@@ -9,14 +9,20 @@ Each pass of the main loop (:mod:`matrixpool.controllers.loop`), for every such 
    (:mod:`matrixpool.controllers.background`): a slow pod delays its own service's reading, never
    the loop;
 2. once a reading is back: the load factors from it and the one before
-   (:mod:`matrixpool.serving.readings`), then the replicas they need
-   (:func:`matrixpool.serving.estimator.estimate`) — each role within its autoscaling range
-   (:func:`matrixpool.api.inferenceservice.autoscaling_range`), the ratio range kept, and no
-   more cards than the window of its SuperNode lets inference hold — smoothed by the HPA-like
+   (:mod:`matrixpool.serving.readings`: arrivals, i.e. what was processed plus what the waiting
+   queue grew by, so a burst counts in the first reading after it starts), the capacity per
+   replica of each phase (:func:`learn`: as ``spec.autoscaling.capacity`` states it, else
+   learned from the period's readings, :mod:`matrixpool.serving.capacity`), then the replicas
+   they need (:func:`matrixpool.serving.estimator.estimate`) — each role within its
+   autoscaling range (:func:`matrixpool.api.inferenceservice.autoscaling_range`), the ratio
+   range kept, and no more cards than the window of its SuperNode lets inference hold —
+   smoothed by the HPA-like
    :class:`~matrixpool.serving.estimator.Stabilizer` (``tolerancePercent``,
    ``scaleDownStabilizationSeconds``);
 3. write ``status.recommendation`` when the replicas change (an Event ``Recommended`` in
-   Advisory mode, ``Scaled`` in Auto mode). In Auto mode the scheduler and the time-sharing
+   Advisory mode, ``Scaled`` in Auto mode) or a capacity figure does (its ``capacity``: per
+   phase the tokens/s per replica sized with and its source, Stated, Learned with its periods,
+   or FirstGuess; no Event). In Auto mode the scheduler and the time-sharing
    split then serve those replicas (:meth:`matrixpool.state.workloads.Workload.served_spec`);
    in Advisory mode nothing else changes.
 
@@ -24,7 +30,9 @@ The roles it sizes are those named ``prefill`` and ``decode``; a service with on
 that role serve both phases. Other roles keep their replicas. A pod that does not answer
 counts for nothing this period; a service none of whose pods answers twice in a row (no rates:
 also right after the operator starts) keeps its replicas.
-Capacity per replica comes from :mod:`matrixpool.serving.latency` for the role's cards.
+What is learned (the capacity figures) is kept in :class:`Service` by UID, lost with the
+operator's memory: it then starts again from the stated figures or the first guess, the
+CloudMatrix-Infer figures of :mod:`matrixpool.serving.latency` for the role's cards.
 """
 
 from __future__ import annotations
@@ -35,13 +43,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+import pydantic
 import structlog
 
 from matrixpool import clock, metrics
 from matrixpool.api import common, inferenceservice
 from matrixpool.controllers import background
 from matrixpool.k8s import convert, executor
-from matrixpool.serving import estimator, latency, readings
+from matrixpool.serving import capacity, estimator, readings
 from matrixpool.state import world as read_model
 from matrixpool.state.workloads import Workload
 from matrixpool.timeshare import windows
@@ -52,8 +61,12 @@ PERIOD_SECONDS = 15.0  # between readings (the HPA's --horizontal-pod-autoscaler
 # Test knob: another period, in seconds (the integration tests' stepped loads are short).
 PERIOD_VARIABLE = "MATRIXPOOL_AUTOSCALER_PERIOD_SECONDS"
 SCRAPE_TIMEOUT_SECONDS = 2.0  # a pod's /metrics that takes longer counts for nothing
-MEAN_CONTEXT_TOKENS = 2048  # a decoding sequence's context, for a decode replica's rate
 PREFILL, DECODE = "prefill", "decode"
+
+
+Figures = capacity.Figures  # (Shape.capacity shadows the module inside the class)
+Written = tuple[str, int, int, tuple[tuple[str, str, float], ...]]
+# (mode, prefill, decode, per phase (phase, source, tokens/s to 2 significant figures))
 
 
 @dataclass
@@ -64,8 +77,9 @@ class Service:
     last: dict[str, readings.Reading] = field(default_factory=dict)  # pod UID → last read
     fresh: dict[str, readings.Reading] | None = None  # the reading just back, not used yet
     next_at: float = 0.0  # monotonic time of the next reading
-    written: tuple[str, int, int] | None = None  # (mode, prefill, decode) last written
+    written: Written | None = None  # what it last wrote
     series: list[tuple[str, ...]] = field(default_factory=list)  # its metric series' labels
+    figures: capacity.Figures | None = None  # per-replica capacity learned so far (None: none)
 
 
 @dataclass
@@ -144,19 +158,34 @@ async def decide(
         for key, role in (found,)
     ]
     factors = readings.factors(instances)
+    state.figures = learn(shape, state.figures, factors, readings.throughput(instances))
+    used = shape.used(state.figures)
     current = shape.current(workload, spec.autoscaling.mode)
     if not state.stabilizer.history:  # after a start: no scale-down before a whole window
         seeded = ((clock.SYSTEM.monotonic(), current),)
         state.stabilizer = dataclasses.replace(state.stabilizer, history=seeded)
     advice = estimator.estimate(
-        factors, shape.targets, shape.bounds, shape.capacity, current, cap_cards=cap(world, spec)
+        factors, shape.targets, shape.bounds, sizing(used), current, cap_cards=cap(world, spec)
     )
     state.stabilizer, decision = state.stabilizer.step(clock.SYSTEM.monotonic(), current, advice)
+    log.debug(
+        "autoscaler factors",
+        service=workload.key,
+        factors=dataclasses.asdict(factors),
+        current=dataclasses.asdict(current),
+        advice=dataclasses.asdict(advice.replicas),
+        decision=dataclasses.asdict(decision.replicas),
+    )
     mode = spec.autoscaling.mode
-    wanted = (str(mode), decision.prefill, decision.decode)
-    if wanted in (state.written, shape.shown(workload)):
+    shown = shape.phase_capacity(used)
+    wanted: Written = (str(mode), decision.prefill, decision.decode, _key(shown))
+    last = state.written or shape.shown(workload)
+    if wanted == last:
         return
-    reasons = [*advice.reasons, *decision.reasons, read_as(fresh.values())][:16]
+    said = [
+        f"{c.phase} capacity {c.tokens_per_second:,} tokens/s per replica: {c.said}" for c in shown
+    ]
+    reasons = [*advice.reasons, *decision.reasons, *said, read_as(fresh.values())][:16]
     roles = shape.role_replicas(decision.prefill, decision.decode)
     status = inferenceservice.Recommendation(
         mode=mode,
@@ -165,6 +194,7 @@ async def decide(
         reasons=[r[:256] for r in reasons],
         limited_by=", ".join(dict.fromkeys((*advice.limited_by, *decision.limited_by)))[:63]
         or None,
+        capacity=shown,
         time=clock.SYSTEM.now(),
     )
     await act.patch_status(
@@ -173,12 +203,47 @@ async def decide(
         workload.name,
         {"recommendation": common.to_wire(status)},
     )
+    moved = last is None or last[:3] != wanted[:3]
     state.written = wanted
     after = estimator.Replicas(decision.prefill, decision.decode)
     observe(workload, state, str(mode), roles, current, after)
-    kind = "Scaled" if mode == inferenceservice.AutoscalingMode.AUTO else "Recommended"
-    act.event(workload.ref, "Normal", kind, f"{status.summary}: {'; '.join(reasons[:3])}")
+    if moved:  # a capacity figure that changed alone is written without an Event
+        kind = "Scaled" if mode == inferenceservice.AutoscalingMode.AUTO else "Recommended"
+        act.event(workload.ref, "Normal", kind, f"{status.summary}: {'; '.join(reasons[:3])}")
     log.info("autoscaler", service=workload.key, mode=str(mode), replicas=status.summary)
+
+
+def learn(
+    shape: Shape,
+    figures: capacity.Figures | None,
+    factors: estimator.Factors,
+    measured: readings.Throughput,
+) -> capacity.Figures:
+    """The service's capacity figures after this period (:func:`matrixpool.serving.capacity.learn`
+    for each phase), from the first guess for its cards when it has none yet."""
+    known = figures or shape.first_guess()
+    prefill = capacity.Period(
+        measured.prefill_tokens_per_s,
+        measured.prefill_busy_tokens_per_s,
+        factors.ttft_p90_s,
+        shape.targets.ttft_s,
+    )
+    decode = capacity.Period(
+        measured.decode_tokens_per_s, None, factors.tpot_p90_s, shape.targets.tpot_s
+    )
+    share = shape.targets.utilisation
+    return capacity.Figures(
+        capacity.learn(known.prefill, prefill, share), capacity.learn(known.decode, decode, share)
+    )
+
+
+def sizing(figures: capacity.Figures) -> estimator.Capacity:
+    return estimator.Capacity(figures.prefill.tokens_per_s, figures.decode.tokens_per_s)
+
+
+def _key(shown: Iterable[inferenceservice.PhaseCapacity]) -> tuple[tuple[str, str, float], ...]:
+    """The figures as the written status is compared: to 2 significant figures."""
+    return tuple((c.phase, str(c.source), float(f"{c.tokens_per_second:.2g}")) for c in shown)
 
 
 def read_as(fresh: Iterable[readings.Reading]) -> str:
@@ -218,8 +283,8 @@ class Shape:
 
     roles: dict[str, inferenceservice.Role]  # prefill and/or decode, by name
     bounds: estimator.Bounds
-    capacity: estimator.Capacity
     targets: estimator.Targets
+    stated: inferenceservice.ReplicaCapacity | None = None  # spec.autoscaling.capacity
 
     @staticmethod
     def of(spec: inferenceservice.InferenceServiceSpec) -> Shape:
@@ -228,16 +293,6 @@ class Shape:
         if not sized and len(spec.roles) == 1:
             sized = {DECODE: spec.roles[0]}  # one role serves both phases
         bounds = {n: _role_bounds(spec, r) for n, r in sized.items()}
-        model = latency.DEFAULT
-        prefill_cards = sized[PREFILL].cards_per_replica if PREFILL in sized else 1
-        decode_cards = sized[DECODE].cards_per_replica if DECODE in sized else prefill_cards
-        batch = model.operating_batch(decode_cards)
-        capacity = estimator.Capacity(
-            prefill_tokens_per_s=model.prefill_tokens_per_s_per_card * prefill_cards,
-            decode_tokens_per_s=model.decode_tokens_per_s(
-                batch, batch * MEAN_CONTEXT_TOKENS, decode_cards
-            ),
-        )
         targets = estimator.Targets(
             ttft_s=spec.autoscaling.targets.ttft_milliseconds / 1000,
             tpot_s=spec.autoscaling.targets.tpot_milliseconds / 1000,
@@ -245,7 +300,44 @@ class Shape:
         ratio = _ratio(spec.autoscaling.ratio_range)
         both = PREFILL in bounds and DECODE in bounds
         shaped = estimator.Bounds(bounds.get(PREFILL), bounds.get(DECODE), ratio if both else None)
-        return Shape(sized, shaped, capacity, targets)
+        return Shape(sized, shaped, targets, spec.autoscaling.capacity)
+
+    @property
+    def capacity(self) -> estimator.Capacity:
+        """The capacity before any reading: as stated, else the first guess."""
+        return sizing(self.used(self.first_guess()))
+
+    def first_guess(self) -> Figures:
+        """The CloudMatrix-Infer figures for the cards of the roles serving each phase."""
+        return capacity.first_guess(
+            self.serving(PREFILL).cards_per_replica, self.serving(DECODE).cards_per_replica
+        )
+
+    def serving(self, phase: str) -> inferenceservice.Role:
+        """The role whose replicas serve ``phase`` (the only role, where there is one)."""
+        return self.roles.get(phase) or next(iter(self.roles.values()))
+
+    def used(self, learned: Figures) -> Figures:
+        """The figures sized with: those a person stated, else those learned (or guessed)."""
+        given = self.stated or inferenceservice.ReplicaCapacity()
+        return Figures(
+            capacity.stated(given.prefill_tokens_per_second, learned.prefill),
+            capacity.stated(given.decode_tokens_per_second, learned.decode),
+        )
+
+    def phase_capacity(self, used: Figures) -> list[inferenceservice.PhaseCapacity]:
+        """The figures as status.recommendation.capacity shows them."""
+        return [
+            inferenceservice.PhaseCapacity(
+                phase=phase,
+                role=self.serving(phase).name,
+                tokens_per_second=round(figure.tokens_per_s),
+                source=inferenceservice.CapacitySource(figure.source.value),
+                periods=figure.periods,
+                said=figure.said,
+            )
+            for phase, figure in ((PREFILL, used.prefill), (DECODE, used.decode))
+        ]
 
     def role_of(self, name: str) -> tuple[str, inferenceservice.Role] | None:
         """(prefill or decode, the role) of the role named ``name``; None for another role."""
@@ -266,14 +358,19 @@ class Shape:
         }
         return estimator.Replicas(got.get(PREFILL, 0), got.get(DECODE, 0))
 
-    def shown(self, workload: Workload) -> tuple[str, int, int] | None:
-        """(mode, prefill, decode) of the recommendation the status shows, if any."""
+    def shown(self, workload: Workload) -> Written | None:
+        """What the recommendation the status shows says (as :data:`Written`), if any."""
         advice = workload.status.get("recommendation") or {}
         counted = {r.get("name"): r.get("replicas") for r in advice.get("roles") or []}
         got = {key: counted.get(role.name) for key, role in self.roles.items()}
         if not advice or None in got.values():
             return None
-        return (str(advice.get("mode")), int(got.get(PREFILL) or 0), int(got.get(DECODE) or 0))
+        try:
+            shown = [inferenceservice.PhaseCapacity.model_validate(c) for c in advice["capacity"]]
+        except (KeyError, TypeError, pydantic.ValidationError):
+            shown = []  # written before capacity was shown: written again
+        mode = str(advice.get("mode"))
+        return (mode, int(got.get(PREFILL) or 0), int(got.get(DECODE) or 0), _key(shown))
 
     def role_replicas(self, prefill: int, decode: int) -> list[inferenceservice.RoleRecommendation]:
         by_key = {PREFILL: prefill, DECODE: decode}

@@ -28,6 +28,7 @@ from matrixpool.controllers import (
     autoscaler,
     cleanup,
     daemons,
+    experts,
     lifecycle,
     ranktable,
     supernode,
@@ -174,7 +175,8 @@ async def main_loop(
 
 async def one_pass(state: Controllers, read: Callable[[], world.World]) -> None:
     """1 read the world, forget what went, note the jobs that finished; 2 recovery;
-    3 the inference autoscaler's recommendations; 4 time-sharing's allowances; 5 the
+    3 the inference autoscaler's recommendations and the expert maps' load balancing
+    (:mod:`.experts`); 4 time-sharing's allowances; 5 the
     scheduling cycle; 6 the SuperNodes' status; 7 the Ascend jobs' rank tables, the daemons'
     tier-1 peers and KV-cache quotas. While the scheduling cycle's bindings are written (its
     binding cycle, a task of its own), a pass is 1 and 2 only: 3-7 read what the bindings
@@ -200,6 +202,7 @@ async def one_pass(state: Controllers, read: Callable[[], world.World]) -> None:
         state.unreported = False
         await report(state, read)
     await autoscaler.run(now, state.autoscaling, act)
+    await experts.run(now, state.expert_loads, act)
     state.shares = await timeshare.share(read(), state.sharing, act)
     await scheduler.run_cycle(read, state.cycle, state.assumed, act, background=True)
     if state.binding():
@@ -245,6 +248,7 @@ class Controllers:
     act: executor.Executor = field(default_factory=executor.Live)  # the controllers' actions
     derived: world.Derived = field(default_factory=world.Derived)  # members, topologies
     autoscaling: autoscaler.Memory = field(default_factory=autoscaler.Memory)  # per service
+    expert_loads: experts.Memory = field(default_factory=experts.Memory)  # per service
     tables: ranktable.Memory = field(default_factory=ranktable.Memory)  # HCCL rank tables
     unreported: bool = False  # a binding cycle started and the status is not written since
     refused: set[tuple[str, str]] = field(default_factory=set)  # (node, endpoint) Leases said
@@ -262,6 +266,7 @@ class Controllers:
             self.recoveries,
             self.sharing,
             self.autoscaling,
+            self.expert_loads,
             self.tables,
         )
 

@@ -22,6 +22,7 @@ import os
 import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from matrixpool.devcluster import binaries
 
@@ -115,8 +116,9 @@ def write_model(
     writer.add_add_bos_token(True)
     writer.add_add_space_prefix(False)
 
-    def weights(*shape: int) -> object:
-        return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+    def weights(*shape: int) -> np.ndarray[Any, Any]:
+        drawn: np.ndarray[Any, Any] = rng.standard_normal(shape) / np.sqrt(shape[-1])
+        return drawn.astype(np.float32)
 
     writer.add_tensor("token_embd.weight", weights(vocab, width))
     writer.add_tensor("output_norm.weight", np.ones(width, dtype=np.float32))

@@ -167,6 +167,18 @@ class ServingContract:
     credential: bool = False  # the operator writes the service's token Secret
 
 
+@dataclass(frozen=True)
+class ExpertsContract:
+    """What a pod of an expert-parallel role is told (docs/concepts.md, "Experts follow their
+    load"): its instance's expert map as a file the kubelet keeps current (the service's
+    ConfigMap, mounted read-only: a new map reaches the running pod, no restart) and the
+    role's count of distinct experts."""
+
+    config_map: str  # the service's expert maps (labels.expert_map_config_map)
+    key: str  # its instance's map in it, a file of the mount (labels.expert_map_key)
+    experts: int  # spec.roles[].expertParallel.experts (MATRIXPOOL_EXPERTS)
+
+
 def cluster_domain() -> str:
     """The cluster's DNS domain, as the chart tells the operator (kubelet's clusterDomain)."""
     return os.environ.get(CLUSTER_DOMAIN_VARIABLE) or labels.CLUSTER_DOMAIN
@@ -187,10 +199,12 @@ def manifest(
     card_resource: str,
     training: TrainingContract | None = None,
     serving: ServingContract | None = None,
+    experts: ExpertsContract | None = None,
 ) -> dict[str, Any]:
     """The Pod of ``plan``: the user's template plus cards, env, labels and the owner; a
     TrainingJob's pod also gets ``training`` (required for that kind), an InferenceService's
-    the KV-cache pool's ``serving`` contract when its KV cache is admitted."""
+    the KV-cache pool's ``serving`` contract when its KV cache is admitted and, in an
+    expert-parallel role, its expert map (``experts``)."""
     pod: dict[str, Any] = copy.deepcopy(dict(template or {}))
     meta = pod.setdefault("metadata", {})
     meta.pop("name", None)
@@ -229,6 +243,8 @@ def manifest(
             _give_rendezvous(spec, containers, training.rendezvous)
     else:
         _give_serving_contract(spec, containers[0], plan.role, serving)
+        if experts is not None:
+            _give_expert_map(spec, containers[0], experts)
     return {"apiVersion": "v1", "kind": "Pod", **pod}
 
 
@@ -272,6 +288,28 @@ def _give_serving_contract(
         container["volumeMounts"] = [*mounts, mount]
     kept = [e for e in container.get("env", []) if e.get("name") not in env]
     container["env"] = kept + [{"name": n, **e} for n, e in env.items()]
+
+
+def _give_expert_map(
+    spec: dict[str, Any], container: dict[str, Any], experts: ExpertsContract
+) -> None:
+    """The service's expert-map ConfigMap mounted read-only at ``labels.EXPERTS_MOUNT``
+    (optional: it is written once the instance is bound, and the kubelet adds its files then),
+    the instance's file and the count of experts in env. Entries of the template with these
+    names are replaced."""
+    volume = "matrixpool-expert-map"
+    config_map = {"name": experts.config_map, "optional": True}
+    volumes = [v for v in spec.get("volumes", []) if v.get("name") != volume]
+    spec["volumes"] = [*volumes, {"name": volume, "configMap": config_map}]
+    mounts = [m for m in container.get("volumeMounts", []) if m.get("name") != volume]
+    mount = {"name": volume, "mountPath": labels.EXPERTS_MOUNT, "readOnly": True}
+    container["volumeMounts"] = [*mounts, mount]
+    env = {
+        labels.ENV_EXPERT_MAP_FILE: f"{labels.EXPERTS_MOUNT}/{experts.key}",
+        labels.ENV_EXPERTS: str(experts.experts),
+    }
+    kept = [e for e in container.get("env", []) if e.get("name") not in env]
+    container["env"] = kept + [{"name": n, "value": v} for n, v in env.items()]
 
 
 def owner_reference(owner: Mapping[str, Any]) -> dict[str, Any]:

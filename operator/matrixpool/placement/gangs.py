@@ -15,11 +15,11 @@ Rules:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from matrixpool.api import inferenceservice, trainingjob
-from matrixpool.placement import model, nodefit
+from matrixpool.placement import eplb, model, nodefit
 
 TRAINER_ROLE = "trainer"
 
@@ -153,25 +153,27 @@ def inference_gangs(
 
 
 def expert_map(
-    role: inferenceservice.Role, assignments: Mapping[str, tuple[int, ...]], pod_names: list[str]
+    role: inferenceservice.Role,
+    assignments: Mapping[str, tuple[int, ...]],
+    pod_names: list[str],
+    layout: Sequence[int] | None = None,
 ) -> list[dict[str, object]]:
     """Expert id → (pod, card) for one expert-parallel replica: every card exactly once.
 
-    ``assignments`` maps pod name → its bound cards; experts are laid out in rank order, the
-    first ``experts`` ids are the real experts and the rest their redundant copies.
+    ``assignments`` maps pod name → its bound cards; slots are the cards in rank order.
+    ``layout`` (slot → expert, :mod:`matrixpool.placement.eplb`) says which expert each slot
+    holds; without one (or one that does not fit the role), the first ``experts`` slots hold the
+    experts in order and the rest copies of experts 0, 1, 2...
     """
     assert role.expert_parallel is not None
     slots = [(pod, card) for pod in pod_names for card in assignments[pod]]
-    total = role.expert_parallel.experts + role.expert_parallel.redundant_experts
+    experts = role.expert_parallel.experts
+    total = experts + role.expert_parallel.redundant_experts
     if len(slots) != total:
         raise ValueError(f"{len(slots)} cards bound for {total} experts of role {role.name}")
-    experts = role.expert_parallel.experts
+    if layout is None or not eplb.valid(layout, experts, total):
+        layout = eplb.default_layout(experts, total)
     return [
-        {
-            "expert": i,
-            "copyOf": i if i < experts else (i - experts) % experts,
-            "pod": pod,
-            "card": card,
-        }
+        {"expert": i, "copyOf": layout[i], "pod": pod, "card": card}
         for i, (pod, card) in enumerate(slots)
     ]

@@ -10,7 +10,10 @@ MATRIXPOOL_CARDS (the cards bound to the pod, a comma list: the instance has as 
 it names). With an admitted spec.kvCache the operator also sets MATRIXPOOL_KV_SERVICE (the
 service's UID), MATRIXPOOL_KV_TOKEN_FILE (its token, from its Secret) and MATRIXPOOL_KV_DAEMONS
 (the supernode's daemons, the pod's own node's first): the prefix cache is then the supernode's
-KV-cache pool (``matrixpool.serving.prefixpool``).
+KV-cache pool (``matrixpool.serving.prefixpool``). In an expert-parallel role it also sets
+MATRIXPOOL_EXPERTS (the role's distinct experts) and MATRIXPOOL_EXPERT_MAP_FILE (the instance's
+expert map, kept current by the kubelet): the tokens are then counted per expert and per card of
+that map (``matrixpool.serving.experts``; ``--expert-skew`` makes a few experts hot).
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ import signal
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from matrixpool.serving import engine, latency, prefixpool, server
+from matrixpool.api import labels
+from matrixpool.serving import engine, experts, latency, prefixpool, server
 from matrixpool_recovery import kvclient
 
 log = logging.getLogger("matrixpool.serving")
@@ -87,6 +91,37 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     parser.add_argument(
         "--max-batch", type=int, default=None, help="decode batch (default: 96 per card)"
     )
+    moe = parser.add_argument_group("experts (an expert-parallel role's pods)")
+    moe.add_argument(
+        "--experts",
+        type=int,
+        default=int(environ.get(labels.ENV_EXPERTS) or 0),
+        help="distinct experts, counted per expert on /metrics (default: $MATRIXPOOL_EXPERTS, "
+        "else 0: no expert counters)",
+    )
+    moe.add_argument(
+        "--expert-map",
+        type=Path,
+        default=environ.get(labels.ENV_EXPERT_MAP_FILE) or None,
+        help="the instance's expert map, followed as it changes (default:"
+        " $MATRIXPOOL_EXPERT_MAP_FILE)",
+    )
+    moe.add_argument(
+        "--expert-skew",
+        type=float,
+        default=0.0,
+        help="the gate's Zipf exponent: the r-th hottest expert gets tokens in proportion to "
+        "1/r**skew (default: 0, even)",
+    )
+    moe.add_argument(
+        "--expert-seed", type=int, default=0, help="which experts are hot (default: 0)"
+    )
+    moe.add_argument(
+        "--experts-per-token",
+        type=int,
+        default=experts.DEFAULT_TOP_K,
+        help=f"routed experts per token (default: {experts.DEFAULT_TOP_K}, at most --experts)",
+    )
     pool = parser.add_argument_group("the supernode's KV-cache pool (all three, or none)")
     pool.add_argument(
         "--kv-service",
@@ -132,6 +167,16 @@ def prefixes(args: argparse.Namespace) -> prefixpool.PooledPrefixes | None:
     return prefixpool.PooledPrefixes(client, args.kv_block_bytes)
 
 
+def routed(args: argparse.Namespace) -> experts.Experts | None:
+    """The instance's experts, when it has any."""
+    if args.experts <= 0:
+        return None
+    shares = experts.zipf_shares(args.experts, args.expert_skew, args.expert_seed)
+    router = experts.Router(shares, min(args.experts_per_token, args.experts))
+    log.info("%d experts, skew %.2f, map %s", args.experts, args.expert_skew, args.expert_map)
+    return experts.Experts(router, experts.MapFile(args.expert_map, args.experts))
+
+
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     args = parser(os.environ if environ is None else environ).parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -150,7 +195,9 @@ async def _serve(instance: engine.Engine, args: argparse.Namespace) -> bool:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    app = server.create_app(instance, model_name=args.model_name, prefixes=prefixes(args))
+    app = server.create_app(
+        instance, model_name=args.model_name, prefixes=prefixes(args), routed=routed(args)
+    )
     runner = await server.start(app, args.host, args.port)
     log.info("serving on %s", runner.addresses)
     await stop.wait()

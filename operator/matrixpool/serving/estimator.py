@@ -5,7 +5,8 @@ with the factors it read from the instances' metrics; its result goes to
 ``status.recommendation``, reasons and all (served in mode Auto, shown only in mode Advisory),
 and by ``benchmarks/serving.py`` in simulated time. Pure: no clock, no I/O, nothing
 from matrixpool outside this package; per-replica capacity arrives as plain numbers
-(:class:`Capacity`, which the caller derives from ``serving.latency``).
+(:class:`Capacity`: the autoscaler's are stated, learned from the readings or the first guess,
+:mod:`matrixpool.serving.capacity`).
 
 A service has a prefill role and a decode role (disaggregated), or only one of them, which
 then serves both phases (aggregated: its replicas split their time between the two).
@@ -13,7 +14,8 @@ then serves both phases (aggregated: its replicas split their time between the t
 ``estimate`` works in phases, each a named policy below:
 
 1. Load → replicas needed, unrounded, per role (:class:`Need`):
-   - prefill (:func:`prefill_tokens_need`): the prompt tokens arriving per second plus the
+   - prefill (:func:`prefill_tokens_need`): the prompt tokens arriving per second (arrivals:
+     processed plus the waiting queue's growth, :mod:`matrixpool.serving.readings`) plus the
      backlog waiting (``queue_depth``) cleared within the TTFT target, over one replica's
      prefill tokens/s at the target utilisation; and, where a replica's request rate is
      bounded, the arrival rate over it (:func:`prefill_requests_need`);
@@ -74,7 +76,7 @@ class Factors:
     """The load as the instances' metrics show it, all instances of the service together."""
 
     arrival_rate: float = 0.0  # requests arriving per second
-    input_tokens_per_s: float = 0.0  # prompt tokens arriving per second
+    input_tokens_per_s: float = 0.0  # prompt tokens arriving per second (not only finishing)
     output_tokens_per_s: float = 0.0  # output tokens generated per second
     queue_depth: float = 0.0  # prompt tokens waiting for prefill (see waiting_tokens)
     kv_usage: float = 0.0  # KV cache usage of the decode replicas now, 0..1 (mean)

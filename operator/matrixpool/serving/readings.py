@@ -31,16 +31,28 @@ From two readings of every instance the factors are (:func:`factors`):
 
 1. rates: requests, prompt tokens and output tokens per second — the counters' growth over
    the time between the readings, summed over the instances (a counter that went down, the
-   instance restarted, counts from 0);
-2. now: the requests waiting (turned into prompt tokens by the period's mean prompt), the mean
-   KV usage of the instances that decode, the busy share of the prefill instances' cards (a
-   decode step is busy at any batch, so busy time measures nothing there);
+   instance restarted, counts from 0). Requests and prompt tokens are arrivals, not
+   completions: what finished plus what the waiting queue grew by (its requests times the
+   period's mean prompt), so a burst that a saturated instance cannot finish still counts in
+   full in the first reading after it starts;
+2. now: the requests waiting (turned into prompt tokens by the period's mean prompt: prompt
+   tokens per finished request, or :data:`ASSUMED_PROMPT_TOKENS` for an engine that counts no
+   finished requests, llama.cpp), the mean KV usage of the instances that decode, the busy
+   share of the prefill instances' cards (a decode step is busy at any batch, so busy time
+   measures nothing there);
 3. latency: the p90 of TTFT and of the inter-token latency of the requests finished between
    the readings, from the histograms' bucket growth, interpolated within a bucket as
    Prometheus' ``histogram_quantile`` does; an engine without an ITL histogram (llama.cpp)
    gives the mean time per generated token instead, which is no p90 (it runs low).
 
 An instance read once has no rates yet: it counts for the gauges only.
+
+For learning capacity (:mod:`matrixpool.serving.capacity`), :func:`throughput` gives what one
+replica of each phase processed, and prompt tokens per second of busy time where that busy
+time is prefill's alone: a prefill-only instance of our simulated server, or llama.cpp's
+``prompt_seconds_total`` (:attr:`Names.busy_is_prefill`), which sums each slot's prompt time, so
+prompts batched together count more than once and the rate reads low (conservative); its
+``prompt_tokens_total`` leaves out cached prompt tokens, as its demand does.
 """
 
 from __future__ import annotations
@@ -56,6 +68,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from matrixpool.serving import estimator
 
 QUANTILE = 0.9
+# A request's prompt where the engine counts no finished requests (llama.cpp), so the period's
+# mean prompt is unknown: an assumption, for turning waiting requests into waiting tokens.
+ASSUMED_PROMPT_TOKENS = 1024.0
+MIN_BUSY_SECONDS = 0.2  # less busy time in a period tells too little of a prefill rate
 
 
 class Engine(StrEnum):
@@ -81,6 +97,7 @@ class Names:
     requests: tuple[str, ...] = ()
     busy_seconds: tuple[str, ...] = ()
     decode_seconds: tuple[str, ...] = ()  # time spent generating: a mean ITL without a histogram
+    busy_is_prefill: bool = False  # busy_seconds counts prefill alone, whatever the role
     ttft: tuple[str, ...] = ()  # histograms
     itl: tuple[str, ...] = ()
 
@@ -121,6 +138,7 @@ ENGINES: dict[Engine, Names] = {
         generated_tokens=("llamacpp:tokens_predicted",),
         busy_seconds=("llamacpp:prompt_seconds",),
         decode_seconds=("llamacpp:tokens_predicted_seconds",),
+        busy_is_prefill=True,
     ),
 }
 GAUGES = ("running", "waiting", "kv_usage")
@@ -246,8 +264,10 @@ def factors(instances: Sequence[Instance]) -> estimator.Factors:
     rated = [i for i in instances if i.before is not None and i.now.at > i.before.at]
     alone = all(i.decodes for i in instances)  # one role: its instances prefill too
     arriving = [i for i in rated if not i.decodes or alone]
-    arrivals = sum(_rate(i, "requests") for i in arriving)
+    finished = sum(_rate(i, "requests") for i in arriving)
     prompt = sum(_rate(i, "prompt_tokens") for i in arriving)
+    mean = mean_prompt(arriving)
+    grown = sum(_growth(i) for i in arriving)  # requests/s the waiting queue grew by
     output = sum(_rate(i, "generated_tokens") for i in rated if i.decodes)
     waiting = sum(i.now.waiting for i in instances if not i.decodes or alone)
     decoders = [i.now.kv_usage for i in instances if i.decodes]
@@ -255,15 +275,70 @@ def factors(instances: Sequence[Instance]) -> estimator.Factors:
     busy = sum(_rate(i, "busy_seconds") * i.cards for i in prefilling)
     cards = sum(i.cards for i in prefilling)
     return estimator.Factors(
-        arrival_rate=arrivals,
-        input_tokens_per_s=prompt,
+        arrival_rate=max(0.0, finished + grown),
+        input_tokens_per_s=max(0.0, prompt + grown * mean),
         output_tokens_per_s=output,
-        queue_depth=estimator.waiting_tokens(waiting, prompt, arrivals),
+        queue_depth=waiting * mean,
         kv_usage=sum(decoders) / len(decoders) if decoders else 0.0,
         card_utilisation=min(1.0, busy / cards) if cards else 0.0,
         ttft_p90_s=_merged(i.now.ttft.since(i.before.ttft if i.before else None) for i in rated),
         tpot_p90_s=itl_of(rated),
     )
+
+
+def mean_prompt(arriving: Sequence[Instance]) -> float:
+    """Prompt tokens per finished request over the period; an engine without a finished-request
+    counter (llama.cpp), or a period in which none finished: :data:`ASSUMED_PROMPT_TOKENS`."""
+    counted = [i for i in arriving if "requests" not in i.now.missing]
+    finished = sum(_rate(i, "requests") for i in counted)
+    if finished <= 0:
+        return ASSUMED_PROMPT_TOKENS
+    return sum(_rate(i, "prompt_tokens") for i in counted) / finished
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """What one replica of each phase processed over the period, for learning its capacity
+    (:mod:`matrixpool.serving.capacity`)."""
+
+    prefill_tokens_per_s: float  # prompt tokens/s per replica that prefills
+    decode_tokens_per_s: float  # output tokens/s per replica that decodes
+    prefill_busy_tokens_per_s: float | None  # prompt tokens per prefill busy second; None: no
+    # busy time that counts prefill alone, or too little of it
+
+
+def throughput(instances: Sequence[Instance]) -> Throughput:
+    """Per replica: the prompt tokens of the instances that prefill, the output tokens of
+    those that decode; and the prompt tokens per second of busy time where the busy time is
+    prefill's alone (a prefill-only instance, or an engine that counts prefill apart) and adds
+    up to at least :data:`MIN_BUSY_SECONDS`."""
+    rated = [i for i in instances if i.before is not None and i.now.at > i.before.at]
+    alone = all(i.decodes for i in instances)
+    arriving = [i for i in rated if not i.decodes or alone]
+    decoding = [i for i in rated if i.decodes]
+    timed = [
+        i
+        for i in arriving
+        if "busy_seconds" not in i.now.missing
+        and (not i.decodes or ENGINES[i.now.engine].busy_is_prefill)
+    ]
+    busy = sum(_grown(i, "busy_seconds") for i in timed)
+    tokens = sum(_grown(i, "prompt_tokens") for i in timed)
+    return Throughput(
+        prefill_tokens_per_s=_per(sum(_rate(i, "prompt_tokens") for i in arriving), arriving),
+        decode_tokens_per_s=_per(sum(_rate(i, "generated_tokens") for i in decoding), decoding),
+        prefill_busy_tokens_per_s=tokens / busy if busy >= MIN_BUSY_SECONDS and tokens else None,
+    )
+
+
+def _per(total: float, instances: Sequence[Instance]) -> float:
+    return total / len(instances) if instances else 0.0
+
+
+def _growth(instance: Instance) -> float:
+    """Requests/s by which the instance's waiting queue grew (negative: it shrank)."""
+    assert instance.before is not None
+    return (instance.now.waiting - instance.before.waiting) / (instance.now.at - instance.before.at)
 
 
 def itl_of(rated: Sequence[Instance]) -> float | None:
@@ -279,9 +354,14 @@ def itl_of(rated: Sequence[Instance]) -> float | None:
 
 def _rate(instance: Instance, counter: str) -> float:
     assert instance.before is not None
+    return _grown(instance, counter) / (instance.now.at - instance.before.at)
+
+
+def _grown(instance: Instance, counter: str) -> float:
+    """The counter's growth between the readings (went down: restarted, counts from 0)."""
+    assert instance.before is not None
     now, before = float(getattr(instance.now, counter)), float(getattr(instance.before, counter))
-    grown = now - before if now >= before else now  # went down: restarted, counts from 0
-    return grown / (instance.now.at - instance.before.at)
+    return now - before if now >= before else now
 
 
 def _merged(histograms: Iterable[Histogram]) -> float | None:

@@ -11,7 +11,9 @@ the kubelet starts in inference pods); tests build the app with :func:`create_ap
   ``Retry-After`` (a request is refused, never taken and dropped).
 - ``POST /drain``: take no new requests, finish the accepted ones.
 - ``GET /healthz``: 200, or 503 while draining.
-- ``GET /metrics``: the Prometheus text format, from a registry private to the app.
+- ``GET /metrics``: the Prometheus text format, from a registry private to the app; with
+  experts (:mod:`matrixpool.serving.experts`), the tokens routed to each expert and to each
+  card of the expert map in force.
 
 With the supernode's KV-cache pool (``prefixes``, :mod:`matrixpool.serving.prefixpool`), a
 token-id prompt's cached prefix is looked up in the pool before the engine takes it, and its
@@ -31,7 +33,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +47,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from matrixpool.serving import engine, prefixpool
+from matrixpool.serving import engine, experts, prefixpool
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +117,32 @@ class Metrics:
                  self.prefix_queries, self.prefix_hits, self.pool_stored)  # fmt: skip
         for metric in every:
             metric.labels(model_name)  # every series exists from the start, at 0
+        self.expert_tokens = Counter(
+            experts.EXPERT_TOKENS.removesuffix("_total"),
+            "Tokens the gate routed to each expert (a token counts once per expert).",
+            [*LABELS, "expert"],
+            registry=self.registry,
+        )
+        self.slot_tokens = Counter(
+            experts.SLOT_TOKENS.removesuffix("_total"),
+            "Routed tokens each slot (card) of the expert map took: its expert's, split evenly "
+            "between that expert's copies.",
+            [*LABELS, "slot"],
+            registry=self.registry,
+        )
+
+    def track_experts(self, count: int) -> None:
+        """Have every expert's series exist from the start, at 0."""
+        for expert in range(count):
+            self.expert_tokens.labels(self.model_name, str(expert))
+
+    def count_experts(self, per_expert: Sequence[int], per_slot: Mapping[int, int]) -> None:
+        name = self.model_name
+        for expert, routed in enumerate(per_expert):
+            if routed:
+                self.expert_tokens.labels(name, str(expert)).inc(routed)
+        for slot, routed in per_slot.items():
+            self.slot_tokens.labels(name, str(slot)).inc(routed)
 
     def observe(self, timing: engine.Timing) -> None:
         name = self.model_name
@@ -146,9 +174,11 @@ class Serving:
         model_name: str,
         clock: Callable[[], float],
         prefixes: prefixpool.PooledPrefixes | None = None,
+        routed: experts.Experts | None = None,
     ) -> None:
         self.engine = instance
         self.prefixes = prefixes
+        self.experts = routed
         self._keeping: set[asyncio.Task[None]] = set()  # blocks being stored in the pool
         self.model_name = model_name
         self.clock = clock
@@ -158,15 +188,20 @@ class Serving:
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._busy_seen = 0.0
+        if routed is not None:
+            self.metrics.track_experts(routed.count)
 
     def pump(self) -> None:
         """Advance the engine to now; each event to its request's handler; metrics updated."""
+        if self.experts is not None and self.experts.poll(self.clock()):
+            log.info("expert map reloaded: %s", self.experts.map_file.path)
         for event in self.engine.advance(self.clock()):
             stream = self._streams.get(event.request_id)
             if stream is not None:
                 stream.put_nowait(event)
             if isinstance(event, engine.Finished):
                 self.metrics.observe(event.timing)
+                self.route(event.timing)
         gauges = self.engine.gauges()
         self.metrics.set_gauges(gauges, gauges.busy_seconds - self._busy_seen)
         self._busy_seen = gauges.busy_seconds
@@ -174,6 +209,16 @@ class Serving:
             self._idle.set()
         else:
             self._idle.clear()
+
+    def route(self, timing: engine.Timing) -> None:
+        """Count a finished request's tokens into the experts: the ones this instance computed
+        (its prompt unless it only decodes, its output unless it only prefills)."""
+        if self.experts is None:
+            return
+        role = self.engine.role
+        prompt = 0 if role is engine.Role.DECODE else timing.prompt_tokens
+        output = 0 if role is engine.Role.PREFILL else len(timing.token_s)
+        self.metrics.count_experts(*self.experts.route(prompt + output))
 
     async def run(self) -> None:
         """Pump, then sleep until the engine's next event or a new request; forever."""
@@ -411,13 +456,15 @@ def create_app(
     clock: Callable[[], float] = time.monotonic,
     retry_after_s: int = 1,
     prefixes: prefixpool.PooledPrefixes | None = None,
+    routed: experts.Experts | None = None,
 ) -> web.Application:
     """The server's app around ``instance``; its engine loop runs while the app does. With
-    ``prefixes``, the engine's prefix cache is the supernode's KV-cache pool."""
+    ``prefixes``, the engine's prefix cache is the supernode's KV-cache pool; with ``routed``,
+    the tokens of finished requests are counted per expert and per card of the expert map."""
     app = web.Application()
     if prefixes is not None:
         instance.prefix_cache = prefixes
-    app[STATE] = Serving(instance, model_name, clock, prefixes)
+    app[STATE] = Serving(instance, model_name, clock, prefixes, routed)
     app[RETRY_AFTER] = retry_after_s
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/drain", drain)

@@ -50,6 +50,16 @@ class Workload:
             return spec
         return inferenceservice.scaled(spec, status)
 
+    def experts(self) -> dict[str, inferenceservice.ExpertsStatus]:
+        """An InferenceService's ``status.experts`` by role: the measured expert load and the
+        layout of the expert map in force (:mod:`matrixpool.controllers.experts`); empty when
+        there is none, or it does not parse (written by someone else)."""
+        try:
+            status = inferenceservice.parse_status({"experts": self.status.get("experts") or []})
+        except pydantic.ValidationError:
+            return {}
+        return {e.role: e for e in status.experts}
+
     @property
     def ref(self) -> dict[str, Any]:
         """Enough of the object for kopf.event() and ownerReferences."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
+import re
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -15,7 +17,7 @@ from prometheus_client import REGISTRY
 
 from matrixpool.api import inferenceservice
 from matrixpool.controllers import autoscaler
-from matrixpool.serving import engine, readings, server
+from matrixpool.serving import engine, latency, readings, server
 from matrixpool.state.workloads import Workload
 from tests.unit import recorder, worlds
 from tests.unit.clocks import Ticking
@@ -34,8 +36,13 @@ def synchronously(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..
     return run
 
 
-def service(mode: str = "Auto", status: dict[str, Any] | None = None) -> Workload:
-    """chat: prefill 1..8 instances of 8 cards, decode 1..4 of 16, SLO 1 s / 50 ms."""
+def service(
+    mode: str = "Auto",
+    status: dict[str, Any] | None = None,
+    capacity: dict[str, int] | None = None,
+) -> Workload:
+    """chat: prefill 1..8 instances of 8 cards, decode 1..4 of 16, SLO 1 s / 50 ms; with
+    ``capacity``, spec.autoscaling.capacity as a person states it."""
     body = {
         "apiVersion": "matrixpool.dev/v1alpha1",
         "kind": "InferenceService",
@@ -49,6 +56,7 @@ def service(mode: str = "Auto", status: dict[str, Any] | None = None) -> Workloa
             "autoscaling": {
                 "mode": mode,
                 "targets": {"ttftMilliseconds": 1000, "tpotMilliseconds": 50},
+                **({"capacity": capacity} if capacity else {}),
             },
         },
     }
@@ -65,13 +73,17 @@ def instance(role: str, uid: str, ip: str) -> Any:
                       node="n0", phase="Running", ready=True, ip=ip)  # fmt: skip
 
 
-def metrics_text(requests: int, prompt: int, tokens: int) -> str:
+def metrics_text(
+    requests: int, prompt: int, tokens: int, *, ttft: float = 0.1, busy: float = 0.0
+) -> str:
     """An instance that finished ``requests`` requests of ``prompt`` prompt tokens and
-    ``tokens`` output tokens each, fast."""
+    ``tokens`` output tokens each, the first token after ``ttft`` and the next 20 ms apart, and
+    was busy ``busy`` seconds."""
     metrics = server.Metrics("chat")
-    times = tuple(0.1 + 0.02 * k for k in range(tokens))
+    times = tuple(ttft + 0.02 * k for k in range(tokens))
     for _ in range(requests):
         metrics.observe(engine.Timing(0.0, 0.0, times, prompt, 0))
+    metrics.set_gauges(engine.Gauges(0, 0, 0.0, busy), busy)
     return metrics.text().decode()
 
 
@@ -101,8 +113,12 @@ def act() -> recorder.Recorder:
 
 
 # Over 15 s: 3,000 requests of 2,000 prompt tokens (400k tokens/s: 9.3 prefill replicas of
-# 8 cards at 80%) and 150 output tokens each (30k tokens/s).
-HEAVY = {PREFILL_URL: metrics_text(3000, 2000, 1), DECODE_URL: metrics_text(3000, 0, 150)}
+# 8 cards at 80% at the first guess) and 150 output tokens each (30k tokens/s); TTFT 1.5 s,
+# over the 1 s target: the prefill replica running did not sustain it.
+HEAVY = {
+    PREFILL_URL: metrics_text(3000, 2000, 1, ttft=1.5),
+    DECODE_URL: metrics_text(3000, 0, 150),
+}
 
 
 @synchronously
@@ -229,7 +245,10 @@ async def test_after_a_start_a_light_load_waits_a_whole_window_before_scaling_do
     light = {PREFILL_URL: metrics_text(1, 100, 1), DECODE_URL: metrics_text(1, 0, 10)}
     await two_readings(service(status={"roles": roles, "recommendation": served}), act, ticking,
                        light)  # fmt: skip
-    assert act.statuses == []  # the operator (re)started: 6 and 3 are held for 300 s
+    # the operator (re)started: 6 and 3 are held for 300 s (the status gains the capacity)
+    for written in act.status_of("chat", "recommendation"):
+        assert written["summary"] == "prefill 6, decode 3"
+    assert act.events == []
 
 
 @synchronously
@@ -264,3 +283,122 @@ def test_the_recommendation_says_whose_names_it_read_and_what_they_lack() -> Non
     assert "kv_usage" in said  # llama.cpp's server no longer exports it
     assert "decode_seconds" not in said  # asked only when there is no ITL histogram
     assert autoscaler.read_as([ours]) == "read as vLLM"  # our server exports all
+
+
+def capacity_of(written: dict[str, Any]) -> dict[str, tuple[int, str, str]]:
+    return {c["phase"]: (c["tokensPerSecond"], c["source"], c["said"]) for c in written["capacity"]}
+
+
+@synchronously
+async def test_without_readings_to_learn_from_the_capacity_is_the_first_guess_and_says_so(
+    act: recorder.Recorder, ticking: Ticking
+) -> None:
+    await two_readings(service(), act, ticking, HEAVY)
+    [written] = act.status_of("chat", "recommendation")
+    prefill, _, said = capacity_of(written)["prefill"]
+    assert (prefill, said) == (53_504, "first guess (CloudMatrix-Infer figures)")  # 6,688 x 8
+    assert "prefill capacity 53,504 tokens/s per replica: first guess" in " ".join(
+        written["reasons"]
+    )
+
+
+@synchronously
+async def test_a_stated_capacity_is_used_as_stated(
+    act: recorder.Recorder, ticking: Ticking
+) -> None:
+    stated = {"prefillTokensPerSecond": 100_000, "decodeTokensPerSecond": 5_000}
+    await two_readings(service(capacity=stated), act, ticking, HEAVY)
+    [written] = act.status_of("chat", "recommendation")
+    roles = {r["name"]: r["replicas"] for r in written["roles"]}
+    assert roles == {"prefill": 5, "decode": 4}  # 400k / (100k x 80%); 30k / (5k x 80%): 7.5
+    assert capacity_of(written) == {
+        "prefill": (100_000, "Stated", "stated"),
+        "decode": (5_000, "Stated", "stated"),
+    }
+
+
+@synchronously
+async def test_busy_time_measures_the_prefill_rate(
+    act: recorder.Recorder, ticking: Ticking
+) -> None:
+    """The prefill instance processed 400k prompt tokens/s, busy 12 s of the 15: one replica
+    takes 500k tokens per busy second; the first guess (53.5k) is dropped."""
+    busy = {
+        PREFILL_URL: metrics_text(3000, 2000, 1, ttft=1.5, busy=12.0),
+        DECODE_URL: metrics_text(3000, 0, 150),
+    }
+    await two_readings(service(), act, ticking, busy)
+    [written] = act.status_of("chat", "recommendation")
+    assert capacity_of(written)["prefill"] == (
+        500_000, "Learned", "learned from busy time over 1 period"
+    )  # fmt: skip
+    assert "prefill: 400,000 input tokens/s needs 1 replica (1.00)" in written["reasons"][0]
+
+
+@synchronously
+async def test_a_rate_sustained_within_the_slo_raises_the_capacity(
+    act: recorder.Recorder, ticking: Ticking
+) -> None:
+    """No busy time: the one prefill replica took 400k tokens/s at a TTFT within the target,
+    so one replica sustains at least that."""
+    within = {
+        PREFILL_URL: metrics_text(3000, 2000, 1, ttft=0.1),
+        DECODE_URL: metrics_text(3000, 0, 150),
+    }
+    await two_readings(service(), act, ticking, within)
+    [written] = act.status_of("chat", "recommendation")
+    assert capacity_of(written)["prefill"] == (
+        400_000, "Learned", "learned from latency within the SLO over 1 period"
+    )  # fmt: skip
+
+
+@synchronously
+async def test_a_burst_scales_prefill_at_the_first_reading_after_it_starts(
+    act: recorder.Recorder, ticking: Ticking
+) -> None:
+    """One prefill replica of 8 cards (53.5k prompt tokens/s) at 8 requests/s of 2,000
+    tokens, then 8 times that from just after a reading: the next reading's decision asks for
+    more prefill. The prefill pod's /metrics come from the simulated engine, period by period."""
+    period = autoscaler.PERIOD_SECONDS
+    prefill = engine.Engine(model=latency.DEFAULT, cards=8, role=engine.Role.PREFILL, tokens=False)
+    metrics = server.Metrics("chat")
+    busy_seen, sent = 0.0, itertools.count()
+
+    def serve(rate: float, start: float, end: float) -> str:
+        """Requests at ``rate`` from ``start`` to ``end``; the /metrics text at ``end``."""
+        nonlocal busy_seen
+        for k in range(round(rate * (end - start))):
+            request = engine.Request(f"r{next(sent)}", 2000, 1)
+            prefill.submit(request, start + k / rate)
+            for event in prefill.advance(start + k / rate):
+                if isinstance(event, engine.Finished):
+                    metrics.observe(event.timing)
+        for event in prefill.advance(end):
+            if isinstance(event, engine.Finished):
+                metrics.observe(event.timing)
+        gauges = prefill.gauges()
+        metrics.set_gauges(gauges, gauges.busy_seconds - busy_seen)
+        busy_seen = gauges.busy_seconds
+        return metrics.text().decode()
+
+    workload = service(status={"roles": [{"name": "prefill", "replicas": 1},
+                                         {"name": "decode", "replicas": 1}]})  # fmt: skip
+    memory = autoscaler.Memory()
+    pods = [instance("prefill", "p0", "10.1.0.1"), instance("decode", "d0", "10.1.0.2")]
+    world = worlds.fixed_world(worlds.index(*pods), [workload])
+    decode = metrics_text(0, 0, 1)
+    for step, rate in enumerate((8.0, 8.0, 64.0)):
+        act.metrics = {PREFILL_URL: serve(rate, step * period, (step + 1) * period),
+                       DECODE_URL: decode}  # fmt: skip
+        ticking.at = (step + 1) * period
+        await autoscaler.run(world, memory, act)  # decides on the reading before, reads
+        await memory.tasks.settle(workload.uid, 1.0)
+    before = act.status_of("chat", "recommendation")
+    await autoscaler.run(world, memory, act)  # decides on the burst's first reading
+    [*_, after] = act.status_of("chat", "recommendation")
+    assert [w["summary"] for w in before] == ["prefill 1, decode 1"]  # the base rate: 1 serves
+    assert after["summary"] == "prefill 8, decode 1", after["reasons"]
+    # arrivals, not completions: 53.5k tokens/s were processed, 128k arrived (64 x 2,000)
+    arrived = re.match(r"prefill: ([\d,]+) input tokens/s", after["reasons"][0])
+    assert arrived is not None
+    assert int(arrived[1].replace(",", "")) == pytest.approx(128_000, rel=0.05)

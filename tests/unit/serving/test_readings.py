@@ -101,8 +101,43 @@ def test_a_single_role_service_counts_arrivals_and_outputs_on_the_same_instances
     before = readings.parse(metrics_text(), at=0.0)
     after = readings.parse(metrics_text(*[timing(0.3, 0.02)] * 10, waiting=2), at=10.0)
     found = readings.factors([readings.Instance(before, after, 8, decodes=True)])
-    assert found.arrival_rate == pytest.approx(1.0)
+    assert found.arrival_rate == pytest.approx(1.2)  # 10 finished and 2 more waiting, in 10 s
+    assert found.input_tokens_per_s == pytest.approx(120.0)  # at the 100-token mean prompt
     assert found.output_tokens_per_s == pytest.approx(11.0)
     assert found.queue_depth == pytest.approx(200.0)  # 2 waiting x the 100-token mean prompt
     assert found.tpot_p90_s is not None
     assert found.tpot_p90_s <= 0.025
+
+
+def test_throughput_per_replica_and_the_prefill_rate_of_busy_time() -> None:
+    before = readings.parse(metrics_text(timing(0.3, 0.02)), at=0.0)
+    after = readings.parse(metrics_text(*[timing(0.3, 0.02)] * 21, busy=5.0), at=10.0)
+    prefill = readings.Instance(before, after, cards=8, decodes=False)
+    decode = readings.Instance(before, after, cards=16, decodes=True)
+    found = readings.throughput([prefill, prefill, decode])
+    assert found.prefill_tokens_per_s == pytest.approx(200.0)  # per replica: 2,000 in 10 s
+    assert found.decode_tokens_per_s == pytest.approx(22.0)
+    assert found.prefill_busy_tokens_per_s == pytest.approx(400.0)  # 2,000 per 5 busy seconds
+
+
+def test_busy_time_that_counts_decode_too_measures_no_prefill_rate() -> None:
+    """Our server's busy time on an instance serving both phases holds its decode steps;
+    llama.cpp's prompt_seconds_total is prefill's alone, whatever the instance does."""
+    before = readings.parse(metrics_text(timing(0.3, 0.02)), at=0.0)
+    after = readings.parse(metrics_text(*[timing(0.3, 0.02)] * 21, busy=5.0), at=10.0)
+    both = readings.Instance(before, after, cards=8, decodes=True)
+    assert readings.throughput([both]).prefill_busy_tokens_per_s is None
+    llama = "llamacpp:prompt_tokens_total {}\nllamacpp:prompt_seconds_total {}\n"
+    then = readings.parse(llama.format(0, 0), at=0.0, engine=readings.Engine.LLAMA_CPP)
+    now = readings.parse(llama.format(3000, 2), at=10.0, engine=readings.Engine.LLAMA_CPP)
+    alone = readings.Instance(then, now, cards=1, decodes=True)
+    assert readings.throughput([alone]).prefill_busy_tokens_per_s == pytest.approx(1500.0)
+
+
+def test_without_a_finished_request_counter_waiting_requests_count_at_an_assumed_prompt() -> None:
+    llama = "llamacpp:prompt_tokens_total {}\nllamacpp:requests_deferred {}\n"
+    then = readings.parse(llama.format(0, 0), at=0.0, engine=readings.Engine.LLAMA_CPP)
+    now = readings.parse(llama.format(3000, 2), at=10.0, engine=readings.Engine.LLAMA_CPP)
+    found = readings.factors([readings.Instance(then, now, cards=1, decodes=True)])
+    assert found.queue_depth == 2 * readings.ASSUMED_PROMPT_TOKENS
+    assert found.input_tokens_per_s == pytest.approx(300 + 0.2 * readings.ASSUMED_PROMPT_TOKENS)

@@ -3,7 +3,8 @@ their pods kept in existence (:func:`reconcile_pods`): missing ones created, sur
 deleted, a finished job's pods kept until its ttl (:func:`expire`). Also what a new pod is told:
 its TrainingJob's contract (:func:`training_contracts`), a recovery's target and restore
 (:func:`pin`), the step a job evicted by a preemption resumes from (:func:`resume_value`), the
-KV-cache pool of a service (:func:`serving_contract`).
+KV-cache pool of a service (:func:`serving_contract`), the expert map of an expert-parallel
+pod (:func:`experts_contract`).
 
 Called by :mod:`.cycle`. A new gang (no pod yet) is handed on as a
 :class:`.cyclestate.Pending` holding its manifests: placed, its pods are created reserved
@@ -112,6 +113,7 @@ async def reconcile_pods(
                     resource,
                     contracts.get(plan.name),
                     serving,
+                    experts_contract(workload, plan),
                 ),
                 recovery,
                 resume,
@@ -293,6 +295,21 @@ def serving_contract(
         daemons=tuple(sorted({n.endpoint for n in members if n.endpoint})),
         daemon_port=port,
         credential=daemonclient.secret() is not None,  # then controllers.credentials writes it
+    )
+
+
+def experts_contract(workload: Workload, plan: gangs.PodPlan) -> pods.ExpertsContract | None:
+    """The expert map of a pod of an expert-parallel role (its instance's file of the
+    service's ConfigMap, which :mod:`.status` writes); None for any other pod."""
+    if not isinstance(workload.model, inferenceservice.InferenceService):
+        return None
+    role = workload.model.spec.role(plan.role)
+    if role is None or role.expert_parallel is None:
+        return None
+    return pods.ExpertsContract(
+        config_map=labels.expert_map_config_map(workload.name),
+        key=labels.expert_map_key(plan.role, plan.replica),
+        experts=role.expert_parallel.experts,
     )
 
 

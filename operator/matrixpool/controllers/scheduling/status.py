@@ -17,7 +17,13 @@ field                                                    writer
 ``recovering``, ``recoveries``, ``recoveryCount``,       :mod:`matrixpool.controllers.recovery`
 ``checkpoints``
 ``timeSharing``                                          :mod:`matrixpool.controllers.timeshare`
+``experts``                                              :mod:`matrixpool.controllers.experts`
 =======================================================  ==================================
+
+The expert map's ConfigMap (``<service>-expert-map``, :func:`write_expert_map`) is written here
+alone, once an instance's pods are bound, laid out as ``status.experts`` says
+(:func:`expert_layouts`): the experts controller re-plans by writing that status, and the map
+follows at the next cycle, also after an operator restart.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from typing import Any
 import structlog
 
 from matrixpool import clock
-from matrixpool.api import common, inferenceservice, trainingjob
+from matrixpool.api import common, inferenceservice, labels, trainingjob
 from matrixpool.controllers import lifecycle
 from matrixpool.controllers.scheduling import cyclestate, kvadmission, regroup
 from matrixpool.k8s import convert, pods
@@ -251,7 +257,8 @@ async def write_expert_map(
     ep_roles = {r.name: r for r in workload.model.spec.roles if r.expert_parallel}
     if not ep_roles:
         return None
-    name = f"{workload.name}-expert-map"
+    name = labels.expert_map_config_map(workload.name)
+    layouts = expert_layouts(workload)
     data: dict[str, str] = {}
     for gang in plans:
         role = ep_roles.get(gang.role)
@@ -263,14 +270,21 @@ async def write_expert_map(
             for p, pl in zip(gang.pods, placed, strict=True)
             if pl is not None
         }
-        mapping = gangs.expert_map(role, cards, [p.name for p in gang.pods])
-        replica = gang.pods[0].replica
-        data[f"{role.name}-{replica}.json"] = json.dumps(mapping, separators=(",", ":"))
+        layout = layouts.get(role.name)
+        mapping = gangs.expert_map(role, cards, [p.name for p in gang.pods], layout)
+        key = labels.expert_map_key(role.name, gang.pods[0].replica)
+        data[key] = json.dumps(mapping, separators=(",", ":"))
     content = json.dumps(data, sort_keys=True)
     if data and cycle.memory.expert_maps.get(workload.uid) != content:
         await cycle.act.apply_configmap(workload.namespace, name, data, workload.ref)
         cycle.memory.expert_maps[workload.uid] = content
     return name if data else None
+
+
+def expert_layouts(workload: Workload) -> dict[str, list[int]]:
+    """Role → the layout of the expert map that ``status.experts`` says is in force (written
+    by :mod:`matrixpool.controllers.experts`); a role without one keeps the first layout."""
+    return {role: e.layout for role, e in workload.experts().items() if e.layout}
 
 
 def first_reason(cycle: cyclestate.CycleState, plans: Iterable[gangs.Gang]) -> model.Reason | None:
