@@ -229,7 +229,10 @@ def learn(
         shape.targets.ttft_s,
     )
     decode = capacity.Period(
-        measured.decode_tokens_per_s, None, factors.tpot_p90_s, shape.targets.tpot_s
+        measured.decode_tokens_per_s,
+        measured.decode_busy_tokens_per_s,
+        factors.tpot_p90_s,
+        shape.targets.tpot_s,
     )
     share = shape.targets.utilisation
     return capacity.Figures(
@@ -251,7 +254,7 @@ def read_as(fresh: Iterable[readings.Reading]) -> str:
     (it reads 0: docs/concepts.md, the autoscaler's engines)."""
     fresh = list(fresh)
     engines = sorted({r.engine.value for r in fresh})
-    missing = sorted(set().union(*(r.missing for r in fresh)) - {"decode_seconds"})
+    missing = sorted(set().union(*(r.missing for r in fresh)) - {"decode_seconds", "batch"})
     said = f"read as {'/'.join(engines)}"
     return said + (f"; not exported: {', '.join(missing)}" if missing else "")
 

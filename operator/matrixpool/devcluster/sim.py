@@ -96,6 +96,7 @@ class Process:
     # (v2), whose every process is killed; None where there is none to make: its process group.
     group: bool = False
     cgroup: Path | None = None
+    cpu_cgroup: Path | None = None  # its CPU limit's, in the v1 cpu hierarchy (a hybrid host)
     swept: bool = False
 
     def alive(self) -> bool:
@@ -120,8 +121,9 @@ class Process:
         self.swept = True
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.popen.pid, signal.SIGKILL)
-        if self.cgroup is not None:
-            cgroups.kill(self.cgroup)
+        for group in (self.cgroup, self.cpu_cgroup):
+            if group is not None:
+                cgroups.kill(group)
 
     def terminate(self) -> None:
         """SIGTERM: the process may finish what it does (a kubelet's first signal)."""
@@ -243,6 +245,9 @@ class ApiLookup:
         self.tokens = {k: v for k, v in self.tokens.items() if now < v[0]}
 
 
+_cpu_root = cgroups.cpu_root  # (the Sim's field ``cgroups`` shadows the module in its body)
+
+
 @dataclass
 class Sim:
     """The simulation of one local cluster's kubelets (daemons and the pods they run)."""
@@ -268,6 +273,7 @@ class Sim:
     dns: kubelet.ClusterDNS | None = None  # the cluster's DNS as last looked up
     dns_checked: float = 0.0  # monotonic: when it was looked up
     cgroups: Path | None = field(default_factory=cgroups.root)  # the containers' cgroups
+    cpu_cgroups: Path | None = field(default_factory=_cpu_root)  # their CPU limits' (v1)
 
     def __post_init__(self) -> None:
         self.api = k8s_client.from_kubeconfig(self.kubeconfig)
@@ -339,6 +345,7 @@ class Sim:
         self.daemons.clear()
         self.announced.clear()
         cgroups.remove(self.cgroups)
+        cgroups.remove(self.cpu_cgroups)
 
     # ---- phase 1: daemons ------------------------------------------------------------------
 
@@ -718,9 +725,13 @@ class Sim:
         log.parent.mkdir(parents=True, exist_ok=True)
         hostname = kubelet.uts_hostname(pod, self.cluster_dns().domain)
         launch = kubelet.launcher(mounts, argv, _image_folders(), hostname)
-        group = cgroups.make(self.cgroups, f"{run.uid}.{container.name}.{container.restarts}")
-        container.process = _spawn(cgroups.enter(group, launch), log, env, inherit=False)
+        name = f"{run.uid}.{container.name}.{container.restarts}"
+        group = cgroups.make(self.cgroups, name)
+        cores = cgroups.cpu_cores(((spec.get("resources") or {}).get("limits") or {}).get("cpu"))
+        cpu = cgroups.limit_cpu(group, self.cpu_cgroups, name, cores) if cores else None
+        container.process = _spawn(cgroups.enter(group, launch, cpu), log, env, inherit=False)
         container.process.cgroup = group
+        container.process.cpu_cgroup = cpu
         container.started = _now()
         container.not_before = 0.0
         log.with_suffix(".pid").write_text(str(container.process.popen.pid))

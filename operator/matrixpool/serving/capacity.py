@@ -14,8 +14,12 @@ A figure's source, per phase, in this order (:func:`learn`):
 2. **Learned from busy time**, where the engine exports the phase's own busy time (llama.cpp's
    ``prompt_seconds_total``, our simulated server's busy seconds on a prefill-only instance):
    the prompt tokens per busy second are the rate itself, averaged over the last
-   :data:`WINDOW` periods (:func:`from_busy_time`). No engine exports a decode busy time that
-   measures capacity (a decode step is busy at any batch), so decode never learns this way.
+   :data:`WINDOW` periods (:func:`from_busy_time`). Decode learns this way only where the
+   engine says how long its slots generated and how many sequences a step carried (llama.cpp's
+   ``tokens_predicted_seconds_total`` over ``n_busy_slots_per_decode``,
+   :func:`matrixpool.serving.readings.decode_busy_rate`): the output tokens per second of
+   decoding at the batch it ran, which errs low. A decode step is otherwise busy at any batch,
+   so other engines' busy time says nothing of decode's capacity.
 3. **Learned from latency**, otherwise (:func:`from_latency`), conservatively: a period
    whose p90 (TTFT for prefill, TPOT for decode) met the target while each replica sustained
    more than the figure raises the figure to that rate; one that met it at no less than the

@@ -97,6 +97,7 @@ class Names:
     requests: tuple[str, ...] = ()
     busy_seconds: tuple[str, ...] = ()
     decode_seconds: tuple[str, ...] = ()  # time spent generating: a mean ITL without a histogram
+    batch: tuple[str, ...] = ()  # sequences per decode step, on average (decode_seconds / wall)
     busy_is_prefill: bool = False  # busy_seconds counts prefill alone, whatever the role
     ttft: tuple[str, ...] = ()  # histograms
     itl: tuple[str, ...] = ()
@@ -138,10 +139,11 @@ ENGINES: dict[Engine, Names] = {
         generated_tokens=("llamacpp:tokens_predicted",),
         busy_seconds=("llamacpp:prompt_seconds",),
         decode_seconds=("llamacpp:tokens_predicted_seconds",),
+        batch=("llamacpp:n_busy_slots_per_decode",),
         busy_is_prefill=True,
     ),
 }
-GAUGES = ("running", "waiting", "kv_usage")
+GAUGES = ("running", "waiting", "kv_usage", "batch")
 COUNTERS = ("prompt_tokens", "generated_tokens", "requests", "busy_seconds", "decode_seconds")
 
 
@@ -189,6 +191,7 @@ class Reading:
     requests: float = 0.0  # counter of finished requests
     busy_seconds: float = 0.0  # counter
     decode_seconds: float = 0.0  # counter: time spent generating tokens (llama.cpp)
+    batch: float = 0.0  # sequences per decode step since the engine started (llama.cpp)
     ttft: Histogram = Histogram()
     itl: Histogram = Histogram()
     engine: Engine = Engine.VLLM  # whose names were read
@@ -305,6 +308,8 @@ class Throughput:
     decode_tokens_per_s: float  # output tokens/s per replica that decodes
     prefill_busy_tokens_per_s: float | None  # prompt tokens per prefill busy second; None: no
     # busy time that counts prefill alone, or too little of it
+    decode_busy_tokens_per_s: float | None = None  # output tokens per second of decoding; None:
+    # the engine exports no decode time with its batch (llama.cpp alone does), or too little
 
 
 def throughput(instances: Sequence[Instance]) -> Throughput:
@@ -328,7 +333,23 @@ def throughput(instances: Sequence[Instance]) -> Throughput:
         prefill_tokens_per_s=_per(sum(_rate(i, "prompt_tokens") for i in arriving), arriving),
         decode_tokens_per_s=_per(sum(_rate(i, "generated_tokens") for i in decoding), decoding),
         prefill_busy_tokens_per_s=tokens / busy if busy >= MIN_BUSY_SECONDS and tokens else None,
+        decode_busy_tokens_per_s=decode_busy_rate(decoding),
     )
+
+
+def decode_busy_rate(decoding: Sequence[Instance]) -> float | None:
+    """Output tokens per second of decoding, where the engine says how long its slots generated
+    and how many sequences a decode step carried (llama.cpp: ``tokens_predicted_seconds`` sums
+    each slot's generating time, so over the mean batch it is the wall time spent decoding).
+    The rate at the batch the replica ran, not the most it could: a fuller batch yields more,
+    so the figure errs low (more replicas, never fewer). Prompt steps that shared a batch with
+    decode are in both phases' times: low again."""
+    timed = [
+        i for i in decoding if not {"decode_seconds", "batch"} & i.now.missing and i.now.batch > 0
+    ]
+    wall = sum(_grown(i, "decode_seconds") / max(1.0, i.now.batch) for i in timed)
+    tokens = sum(_grown(i, "generated_tokens") for i in timed)
+    return tokens / wall if wall >= MIN_BUSY_SECONDS and tokens else None
 
 
 def _per(total: float, instances: Sequence[Instance]) -> float:

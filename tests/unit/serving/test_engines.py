@@ -117,7 +117,7 @@ def test_vllm_before_and_after_its_renames_reads_the_same(newer: bool) -> None:
     assert (reading.running, reading.waiting, reading.kv_usage) == (3, 2, 0.25)
     assert (reading.prompt_tokens, reading.generated_tokens, reading.requests) == (2000, 500, 10)
     assert reading.itl.quantile(0.9) == pytest.approx(0.035)
-    assert reading.missing == {"busy_seconds", "decode_seconds"}
+    assert reading.missing == {"busy_seconds", "decode_seconds", "batch"}
 
 
 def test_a_vllm_011_exposition_without_time_per_output_token_still_gives_the_itl() -> None:
@@ -134,7 +134,7 @@ def test_sglang_reads_its_own_names() -> None:
     assert (reading.prompt_tokens, reading.generated_tokens, reading.requests) == (900, 300, 6)
     assert reading.ttft.quantile(0.9) == pytest.approx(0.18)
     assert reading.itl.quantile(0.9) == pytest.approx(0.035)
-    assert reading.missing == {"busy_seconds", "decode_seconds"}
+    assert reading.missing == {"busy_seconds", "decode_seconds", "batch"}
 
 
 def test_llama_cpp_gives_no_kv_usage_no_requests_and_a_mean_inter_token_latency() -> None:
@@ -176,7 +176,7 @@ def test_the_cli_prints_what_the_autoscaler_reads_from_a_file(
     assert (printed["running"], printed["waiting"], printed["kv_usage"]) == (4, 1, 0.28)
     assert printed["prompt_tokens_per_s"] is None  # one reading: no rate
     assert printed["itl_p90_s"] == pytest.approx(0.035)  # every request since the start
-    assert printed["missing"] == ["busy_seconds", "decode_seconds"]
+    assert printed["missing"] == ["batch", "busy_seconds", "decode_seconds"]
 
 
 @pytest.fixture
@@ -217,3 +217,17 @@ def test_the_cli_reads_a_url_twice_for_rates(
     assert printed["generation_tokens_per_s"] == pytest.approx(200 / seconds, rel=0.01)
     assert printed["requests_per_s"] == pytest.approx(4 / seconds, rel=0.01)
     assert printed["itl_p90_s"] is None  # no request finished in between: no latency
+
+
+def test_llama_cpp_decode_rate_is_its_tokens_over_its_slots_time_over_the_batch() -> None:
+    """200 tokens generated in 6 s of slot time at 1.5 sequences a step: 4 s of decoding, 50
+    tokens/s (a replica's decode rate at that batch); other engines give none."""
+    before = readings.parse(llama_cpp(predicted=100, seconds=2.0), 10.0)
+    now = readings.parse(llama_cpp(predicted=300, seconds=8.0), 20.0)
+    alone = readings.Instance(before, now, cards=1, decodes=True)
+    measured = readings.throughput([alone])
+    assert measured.decode_busy_tokens_per_s == pytest.approx(200 / (6.0 / 1.5))
+    assert measured.decode_tokens_per_s == pytest.approx(20.0)
+    vllm_now = readings.parse(vllm(tokens=900), 20.0)
+    other = readings.Instance(readings.parse(vllm(), 10.0), vllm_now, cards=1, decodes=True)
+    assert readings.throughput([other]).decode_busy_tokens_per_s is None
