@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv binaries engine crds crds-check lint typecheck imports helm-lint unit integration integration-demo integration-shared chaos e2e image real-nodes torch peers scale serving goodput test demo clean
+.PHONY: venv binaries engine crds crds-check lint typecheck imports helm-lint unit integration integration-demo integration-engine integration-shared chaos e2e image real-nodes torch peers scale serving goodput test demo clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -52,12 +52,17 @@ integration: venv binaries engine
 	$(BIN)/pytest tests/integration -q --durations=10
 
 # make test's split of it: the demo's test brings up a control plane of its own (no shared
-# cluster), so it runs in the first lane; the rest, on the suite's cluster, alone.
+# cluster), so it runs in the first lane, and so does the real engine's autoscaling test, on a
+# control plane of its own session (that lane ends before the real nodes' does); the rest, on
+# the suite's cluster, alone.
 DEMO_TEST := tests/integration/test_demo.py
+ENGINE_TEST := tests/integration/test_engine_autoscaling.py
 integration-demo: venv binaries
 	$(BIN)/pytest $(DEMO_TEST) -q --durations=1
+integration-engine: venv binaries engine
+	$(BIN)/pytest $(ENGINE_TEST) -q --durations=1
 integration-shared: venv binaries engine
-	$(BIN)/pytest tests/integration -q --durations=10 --ignore=$(DEMO_TEST)
+	$(BIN)/pytest tests/integration -q --durations=10 --ignore=$(DEMO_TEST) --ignore=$(ENGINE_TEST)
 
 chaos: venv binaries
 	$(BIN)/pytest tests/chaos -q --durations=5
@@ -112,8 +117,9 @@ goodput: venv
 
 # Two lanes, then one suite at a time (2 cores; warm CI ≤ 35 min). Lane 1: the static checks
 # and the pure suites (unit, checkpoint, torch; two at a time), then e2e, then the demo's
-# integration test (its own control plane; the sims of e2e and the demo never overlap: their
-# node and pod addresses are the same loopback ones). Lane 2, beside it:
+# integration test, then the real engine's (each its own control plane; the sims of e2e, the
+# demo and the engine never overlap: their node and pod addresses are the same loopback ones).
+# Lane 2, beside it:
 # the real nodes, whose suite mostly waits (its trainers step every 0.5–1 s; the machine was
 # 55 % idle through it) and asserts no durations; its output is kept in .real-nodes.log and
 # printed whole when it ends. Then the suites whose recoveries, serving SLO and stress figures
@@ -124,7 +130,8 @@ test:
 	tools/torch-venv.sh  # once, before the lanes: the image (real nodes) reads its wheels too
 	@$(MAKE) --no-print-directory real-nodes > .real-nodes.log 2>&1 & lane=$$!; \
 	$(MAKE) --no-print-directory -j2 -O lint typecheck imports crds-check helm-lint unit checkpoint torch \
-	  && $(MAKE) --no-print-directory e2e && $(MAKE) --no-print-directory integration-demo; first=$$?; \
+	  && $(MAKE) --no-print-directory e2e && $(MAKE) --no-print-directory integration-demo \
+	  && $(MAKE) --no-print-directory integration-engine; first=$$?; \
 	wait $$lane; second=$$?; \
 	echo "---- make real-nodes (beside the first lane) ----"; cat .real-nodes.log; \
 	echo "---- first lane: exit $$first; real nodes: exit $$second ----"; \

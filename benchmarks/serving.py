@@ -637,6 +637,24 @@ def write_png(path: Path, pattern: Compressed, outcomes: dict[str, Outcome]) -> 
     return None
 
 
+def real_engine(seed: int, say: Callable[[str], None]) -> dict[str, Any]:
+    """The real engine's rows: llama.cpp's server, sized fixed and by the autoscaler
+    (``serving_llamacpp``), and its prefix cache against the pool (``serving_prefix_llamacpp``)."""
+    try:  # run as a script: benchmarks/ is on sys.path
+        import serving_llamacpp
+        import serving_prefix_llamacpp
+    except ImportError:  # imported as benchmarks.serving
+        from benchmarks import serving_llamacpp, serving_prefix_llamacpp
+
+    started = time.perf_counter()
+    sized = serving_llamacpp.figures(seed)
+    say(f"llama.cpp sized: {sized} in {time.perf_counter() - started:.1f} s")
+    started = time.perf_counter()
+    prefix = serving_prefix_llamacpp.figures(seed)
+    say(f"llama.cpp prefix: {prefix} in {time.perf_counter() - started:.1f} s")
+    return {**sized, "prefix": prefix}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--json", action="store_true", help="print only the JSON object")
@@ -649,6 +667,11 @@ def main() -> int:
     parser.add_argument("--peak-rps", type=float, default=PEAK_RPS)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--png", type=Path, help="write the day's load and cards held here")
+    parser.add_argument(
+        "--no-engines",
+        action="store_true",
+        help="leave out the real engine's rows (llama.cpp, minutes of wall time)",
+    )
     args = parser.parse_args()  # fmt: skip
     say = (lambda _: None) if args.json else (lambda line: print(line, file=sys.stderr))
     factor = 3600 / args.hour_seconds
@@ -703,6 +726,12 @@ def main() -> int:
         "fixed_replicas": [top.prefill, top.decode],
         "seed": args.seed,
     }
+    results["simulated"] = (
+        "the rows above run our simulated engine, whose speed and the estimator's first-guess "
+        "capacity are one latency model: the policy's bound, not an engine's measurement"
+    )
+    if not args.no_engines:
+        results["engines"] = {"llama.cpp": real_engine(args.seed, say)}
     if args.png is not None:
         results["png"] = write_png(args.png, pattern, outcomes) or str(args.png)
     print(json.dumps(results))
