@@ -41,6 +41,14 @@ HTTP API (JSON unless noted; every call but healthz and metrics needs
                                                         S's quota, 507 no room (``kvpool``)
     GET    S/blocks/H                  S or operator    the block bytes (X-Matrixpool-Tokens);
                                                         404 not held
+    POST   S/run                       S or operator    {"blocks": [H...]}: the leading run of
+                                                        them held, its bytes one after another
+                                                        (X-Matrixpool-Blocks: how many,
+                                                        X-Matrixpool-Tokens: the last one's)
+    PUT    S/run                       S or operator    body: blocks of one size; headers
+                                                        X-Matrixpool-Blocks and -Tokens: comma
+                                                        lists; stores them in order until one
+                                                        is refused: {"stored": N}
     GET    S/usage                     S or operator    S's used, quota and share bytes, blocks
     PUT    S/quota                     operator         {"bytes": N}: S's quota (its oldest
                                                         blocks above it are evicted)
@@ -119,6 +127,7 @@ HEALTH_SLOTS = 4  # connections served beside the others, health checks only, on
 HEALTH_TIMEOUT = 2.0  # seconds such a connection may take in all
 MAX_KV_BLOCK = 64 << 20  # bytes of one KV block upload
 MAX_KV_QUOTA = 1 << 50  # bytes a KV quota may name
+MAX_KV_RUN = 1024  # blocks one run request may name (16K tokens of a 16-token block)
 NO_KV_POOL = "this daemon has no KV pool (started with --kv-pool-bytes 0)"
 BUSY_BODY = b'{"error": "too many requests in flight"}'  # the 503 answer's body
 BUSY_ANSWER = (
@@ -571,6 +580,22 @@ class Daemon:
             raise errors.NotFoundError(f"no KV block {block_hash} of {service} on {self.node}", 404)
         return block
 
+    def kv_run(self, service: str, hashes: Sequence[str]) -> list[kvpool.Block]:
+        """The leading run of ``hashes`` the service holds here (a look-up per block)."""
+        pool = self._pool()
+        run: list[kvpool.Block] = []
+        with self._kv_lock:
+            for block_hash in hashes:
+                block = pool.get(service, block_hash)
+                if block is None:
+                    break
+                run.append(block)
+        for block in run:
+            metrics.kv_looked_up(self.label(service), block.size)
+        if len(run) < len(hashes):
+            metrics.kv_looked_up(self.label(service), None)
+        return run
+
     def kv_quota(self, service: str, quota: int) -> dict[str, Any]:
         pool = self._pool()
         with self._kv_lock:
@@ -668,6 +693,13 @@ def _upload_meta(
     }
 
 
+def _run_hashes(listed: object) -> list[str]:
+    """A run's block hashes: 1..MAX_KV_RUN valid ones, or ValueError."""
+    if not isinstance(listed, list) or not 1 <= len(listed) <= MAX_KV_RUN:
+        raise ValueError(f"a KV run names 1..{MAX_KV_RUN} block hashes")
+    return [kvpool.block_hash(str(h)) for h in listed]
+
+
 def _usage_json(usage: kvpool.Usage) -> dict[str, int]:
     return {
         "usedBytes": usage.used_bytes,
@@ -689,7 +721,7 @@ def _scope(method: str, segments: list[str], query: dict[str, str]) -> Scope:
             return None if job is None else (credentials.JOB, job)
         case _, ["v1", "jobs", job, "ranks", *_]:
             return (credentials.JOB, job)
-        case _, ["v1", "kv", service, "blocks", _]:
+        case _, (["v1", "kv", service, "blocks", _] | ["v1", "kv", service, "run"]):
             return (credentials.SERVICE, service)
         case "GET", ["v1", "kv", service, "usage"]:
             return (credentials.SERVICE, service)
@@ -802,6 +834,10 @@ class Handler(BaseHTTPRequestHandler):
                 self._kv_upload(names.job(service), kvpool.block_hash(block_hash))
             case "GET", [service, "blocks", block_hash]:
                 self._kv_send(names.job(service), kvpool.block_hash(block_hash))
+            case "POST", [service, "run"]:
+                self._kv_send_run(names.job(service), _run_hashes(self._body().get("blocks")))
+            case "PUT", [service, "run"]:
+                self._kv_upload_run(names.job(service))
             case "GET", [service, "usage"]:
                 self._json(daemon.kv_usage(names.job(service)))
             case "PUT", [service, "quota"]:
@@ -826,6 +862,46 @@ class Handler(BaseHTTPRequestHandler):
         if len(data) != size:
             raise errors.IntegrityError(f"KV block upload ended after {len(data)} of {size} bytes")
         self._json(daemon.kv_put(service, block_hash, kvpool.Block(tokens, data)), 201)
+
+    def _kv_send_run(self, service: str, hashes: list[str]) -> None:
+        run = self.server.daemon.kv_run(service, hashes)
+        size = sum(block.size for block in run)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(size))
+        self.send_header(wire.HEADER + "Blocks", str(len(run)))
+        self.send_header(wire.HEADER + "Tokens", str(run[-1].tokens if run else 0))
+        self.end_headers()
+        self.allow(size)
+        for block in run:
+            self.wfile.write(block.data)
+
+    def _kv_upload_run(self, service: str) -> None:
+        daemon = self.server.daemon
+        hashes = _run_hashes(self.headers.get(wire.HEADER + "Blocks", "").split(","))
+        tokens = [
+            names.number(t, "token count", kvpool.MAX_TOKENS)
+            for t in self.headers.get(wire.HEADER + "Tokens", "").split(",")
+        ]
+        size = int(self.headers.get("Content-Length", "-1"))
+        if len(tokens) != len(hashes) or size <= 0 or size % len(hashes):
+            raise ValueError("a KV run needs a token count per block and blocks of one size")
+        if size > MAX_KV_BLOCK:
+            raise errors.DaemonError(f"a KV run of {size} bytes: at most {MAX_KV_BLOCK}", 413)
+        daemon.kv_admit(service, size // len(hashes))
+        self.body_read = True  # from here on, it is read or the connection is broken
+        data = self.rfile.read(size)
+        if len(data) != size:
+            raise errors.IntegrityError(f"KV run upload ended after {len(data)} of {size} bytes")
+        each, stored = size // len(hashes), 0
+        for index, (block_hash, count) in enumerate(zip(hashes, tokens, strict=True)):
+            block = kvpool.Block(count, data[index * each : (index + 1) * each])
+            try:
+                daemon.kv_put(service, block_hash, block)
+            except errors.DaemonError:  # no room: the rest would not fit either
+                break
+            stored += 1
+        self._json({"node": daemon.node, "service": service, "stored": stored}, 201)
 
     def _kv_send(self, service: str, block_hash: str) -> None:
         block = self.server.daemon.kv_get(service, block_hash)

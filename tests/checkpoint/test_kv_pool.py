@@ -168,6 +168,8 @@ FORBIDDEN = [
     pytest.param("GET", f"/v1/kv/{B}/blocks/{H1}", job_token(B), id="a job token of B's UID"),
     pytest.param("PUT", f"/v1/kv/{B}/blocks/{H1}", job_token(B), id="a job token writing"),
     pytest.param("GET", f"/v1/kv/{B}/usage", job_token(B), id="a job token reading usage"),
+    pytest.param("POST", f"/v1/kv/{B}/run", service_token(A), id="A fetching a run of B's"),
+    pytest.param("PUT", f"/v1/kv/{B}/run", service_token(A), id="A storing a run as B"),
     pytest.param(
         "GET", f"/v1/inventory?job={A}", service_token(A), id="A reading a job of A's UID"
     ),
@@ -222,6 +224,39 @@ def test_a_block_put_on_one_node_is_found_remotely_from_another(two: Cluster) ->
     assert on_b.lookup(H2) is None
     assert (on_b.stats.remote_hits, on_b.stats.misses, on_b.stats.bytes_fetched) == (1, 1, 2_000)
     assert usage(two, "b")[A]["blocks"] == 0  # a lookup copies nothing
+
+
+def test_a_run_of_blocks_is_stored_and_fetched_in_one_request_each(two: Cluster) -> None:
+    on_a, on_b = client(two, A, "a", "b"), client(two, A, "b", "a")
+    blocks = [(h, 16 * (i + 1)) for i, h in enumerate(HASHES[:3])]
+    assert on_a.put_run(blocks, b"k" * 2_000) == 3
+    assert on_b.put(H4, 64, b"4" * 2_000)  # the run goes on on b
+
+    run = on_b.fetch_run(HASHES)
+    assert (run.blocks, run.tokens, run.remote, run.nbytes) == (4, 64, True, 8_000)
+    assert on_b.stats.misses == 1  # HASHES[4] held nowhere
+    assert on_a.fetch_run(HASHES[:2]) == kvclient.Run(2, 32, False, 4_000)
+    assert on_a.fetch_run(HASHES[5:]) == kvclient.Run(0, 0, False, 0)
+
+
+def test_a_run_beyond_the_quota_keeps_its_newest_blocks_and_one_too_large_none(
+    one: Cluster,
+) -> None:
+    on_a = client(one, A, "a")
+    blocks = [(h, 16 * (i + 1)) for i, h in enumerate(HASHES)]
+    assert on_a.put_run(blocks, b"k" * 25_000) == 8  # 60 kB: each evicts the oldest
+    assert on_a.fetch_run(HASHES).blocks == 0  # the first went for the later ones
+    assert usage(one, "a")[A]["blocks"] == 2
+    assert on_a.put_run(blocks[:1], b"k" * 70_000) == 0  # refused (413): it never fits
+
+
+def test_look_ups_ask_only_the_daemons_that_hold_blocks_of_the_service(two: Cluster) -> None:
+    on_a, on_b = client(two, A, "a", "b"), client(two, A, "b", "a")
+    assert on_b.refresh_holders() == set()  # a holds none of A's blocks yet
+    assert on_a.put(H1, 16, b"on a")
+    assert on_b.fetch_run(HASHES).blocks == 0  # a is not asked
+    assert on_b.refresh_holders() == {two.address("a")}
+    assert on_b.fetch_run(HASHES) == kvclient.Run(1, 16, True, 4)
 
 
 def test_a_killed_daemon_loses_only_its_cache(two: Cluster) -> None:

@@ -6,12 +6,15 @@ A prompt of token ids has one content hash per whole block of :data:`engine.BLOC
 tokens, each hash covering the prompt up to the end of its block (``engine.block_hashes``).
 Before a request goes to the engine, :meth:`PooledPrefixes.look_up` fetches its blocks from the
 pool in order, from the first, and stops at the first that no daemon holds (or that one
-cannot answer for: the block is then computed, as without a pool); the run found is the
-engine's hit for the request's longest cached prefix, remote when any block came from another
-node, and the engine charges its transfer time by the latency model
-(``LatencyModel.transfer_seconds``). Once the request has been prefilled here,
-:meth:`PooledPrefixes.keep` stores the blocks the pool did not have on the node's own daemon,
-within the service's quota there (the daemon evicts the service's oldest blocks).
+cannot answer for: the block is then computed, as without a pool), a run of blocks per request
+to a daemon (``KvClient.fetch_run``); the run found is the engine's hit for the request's
+longest cached prefix, remote when any block came from another node, and the engine charges
+its transfer time by the latency model (``LatencyModel.transfer_seconds``). Once the request
+has been prefilled here, :meth:`PooledPrefixes.keep` stores the blocks the pool did not have on
+the node's own daemon, in one request, within the service's quota there (the daemon evicts the
+service's oldest blocks). :meth:`PooledPrefixes.refresh` learns which other daemons hold any of
+the service's blocks, so that a look-up asks those only (the server calls it every few
+seconds).
 
 A block's bytes stand in for its KV: ``block_bytes`` each (by default what a block of the
 model really holds, ``latency.KV_BYTES_PER_TOKEN × BLOCK_TOKENS``; smaller in tests), so the
@@ -35,9 +38,9 @@ from matrixpool.serving import engine
 REMEMBERED = 4096  # hits kept for the engine to read (it reads each once, at admission)
 
 
-class Found(Protocol):
+class Run(Protocol):
     @property
-    def tokens(self) -> int: ...
+    def blocks(self) -> int: ...
 
     @property
     def remote(self) -> bool: ...
@@ -46,9 +49,11 @@ class Found(Protocol):
 class Pool(Protocol):
     """What :class:`PooledPrefixes` needs of the pool (``kvclient.KvClient`` is one)."""
 
-    def fetch(self, block_hash: str) -> Found | None: ...
+    def fetch_run(self, hashes: Sequence[str]) -> Run: ...
 
-    def put(self, block_hash: str, tokens: int, data: bytes) -> bool: ...
+    def put_run(self, blocks: Sequence[tuple[str, int]], data: bytes) -> int: ...
+
+    def refresh_holders(self) -> set[str]: ...
 
 
 @dataclass(frozen=True)
@@ -81,12 +86,8 @@ class PooledPrefixes:
     def look_up(self, hashes: Sequence[str]) -> Looked:
         """Fetch the prompt's blocks from the pool, in order, until one is missing; the
         engine then finds the hit under the last block found."""
-        blocks, remote = 0, False
-        for block_hash in hashes:
-            found = self.pool.fetch(block_hash)
-            if found is None:
-                break
-            blocks, remote = blocks + 1, remote or found.remote
+        run = self.pool.fetch_run(hashes)
+        blocks, remote = min(run.blocks, len(hashes)), run.remote
         if blocks:
             hit = engine.Hit(blocks * engine.BLOCK_TOKENS, remote)
             with self._lock:
@@ -99,8 +100,9 @@ class PooledPrefixes:
     def keep(self, hashes: Sequence[str], skip: int) -> int:
         """Store the prompt's blocks after the first ``skip`` (those the pool had) on the
         node's own daemon; how many it took."""
-        stored = 0
-        for index in range(skip, len(hashes)):
-            tokens = (index + 1) * engine.BLOCK_TOKENS
-            stored += self.pool.put(hashes[index], tokens, self.block)
-        return stored
+        blocks = [(hashes[i], (i + 1) * engine.BLOCK_TOKENS) for i in range(skip, len(hashes))]
+        return self.pool.put_run(blocks, self.block) if blocks else 0
+
+    def refresh(self) -> None:
+        """Learn which daemons hold any of the service's blocks (for look-ups to ask)."""
+        self.pool.refresh_holders()

@@ -16,8 +16,14 @@ the kubelet starts in inference pods); tests build the app with :func:`create_ap
   card of the expert map in force.
 
 With the supernode's KV-cache pool (``prefixes``, :mod:`matrixpool.serving.prefixpool`), a
-token-id prompt's cached prefix is looked up in the pool before the engine takes it, and its
-blocks the pool lacked are stored there once it has been served (both in threads).
+token-id prompt's cached prefix is looked up in the pool before the engine takes it, in threads
+of their own (``LOOKUP_THREADS``), for at most ``lookup_budget_s`` (then the prompt is computed,
+as without a pool). A request waiting on its look-up counts in ``num_requests_waiting``, and its
+time to first token runs from its receipt, as vLLM's does. The blocks the pool lacked are stored
+once the request has been served, best effort: a bounded queue (``STORE_QUEUE``) that one
+thread of its own empties, and a store that finds it full is dropped, so that a store never
+delays a request. That thread also learns, every ``REFRESH_SECONDS``, which daemons hold the
+service's blocks (``PooledPrefixes.refresh``).
 
 A background task (:meth:`Serving.run`) advances the engine to the clock, hands each request's
 events to its handler and sleeps until the engine's next event or a new request. On SIGTERM
@@ -34,6 +40,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +60,10 @@ log = logging.getLogger(__name__)
 
 CHARS_PER_TOKEN = 4  # a text prompt's tokens: one per 4 characters (OpenAI's rule of thumb)
 DEFAULT_MAX_TOKENS = 16  # OpenAI's completions default
+LOOKUP_THREADS = 4  # KV-pool look-ups at once
+LOOKUP_BUDGET_S = 0.5  # seconds a request waits on its look-up before it is computed anyway
+STORE_QUEUE = 8  # KV-pool stores waiting; one more is dropped
+REFRESH_SECONDS = 5.0  # how often the pool's daemons holding the service's blocks are re-read
 LABELS = ["model_name"]
 # Histogram buckets after vLLM's for the same metrics.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
@@ -112,9 +123,14 @@ class Metrics:
             "matrixpool_serving_kv_pool_blocks_stored_total",
             "KV blocks this instance stored in the supernode's KV-cache pool.",
         )
+        self.pool_dropped = counter(
+            "matrixpool_serving_kv_pool_stores_dropped_total",
+            "Stores of a request's KV blocks dropped: the store queue was full.",
+        )
         every = (self.running, self.waiting, self.kv_usage, self.ttft, self.tpot, self.e2e,
                  self.prompt_tokens, self.generation_tokens, self.success, self.busy,
-                 self.prefix_queries, self.prefix_hits, self.pool_stored)  # fmt: skip
+                 self.prefix_queries, self.prefix_hits, self.pool_stored,
+                 self.pool_dropped)  # fmt: skip
         for metric in every:
             metric.labels(model_name)  # every series exists from the start, at 0
         self.expert_tokens = Counter(
@@ -144,20 +160,25 @@ class Metrics:
         for slot, routed in per_slot.items():
             self.slot_tokens.labels(name, str(slot)).inc(routed)
 
-    def observe(self, timing: engine.Timing) -> None:
+    def observe(self, timing: engine.Timing, received_s: float | None = None) -> None:
+        """A finished request, received at ``received_s`` (its TTFT and E2E run from then;
+        default: its arrival at the engine)."""
         name = self.model_name
-        self.ttft.labels(name).observe(timing.ttft_s)
+        if received_s is None:
+            received_s = timing.submitted_s
+        self.ttft.labels(name).observe(timing.first_token_s - received_s)
         if timing.tpot_s is not None:
             self.tpot.labels(name).observe(timing.tpot_s)
-        self.e2e.labels(name).observe(timing.e2e_s)
+        self.e2e.labels(name).observe(timing.finished_s - received_s)
         self.prompt_tokens.labels(name).inc(timing.prompt_tokens)
         self.generation_tokens.labels(name).inc(len(timing.token_s))
         self.success.labels(name).inc()
 
-    def set_gauges(self, gauges: engine.Gauges, busy_delta: float) -> None:
+    def set_gauges(self, gauges: engine.Gauges, busy_delta: float, looking: int = 0) -> None:
+        """The engine's gauges; ``looking`` requests wait on a KV-pool look-up besides."""
         name = self.model_name
         self.running.labels(name).set(gauges.running)
-        self.waiting.labels(name).set(gauges.waiting)
+        self.waiting.labels(name).set(gauges.waiting + looking)
         self.kv_usage.labels(name).set(gauges.kv_usage)
         self.busy.labels(name).inc(max(0.0, busy_delta))
 
@@ -175,11 +196,17 @@ class Serving:
         clock: Callable[[], float],
         prefixes: prefixpool.PooledPrefixes | None = None,
         routed: experts.Experts | None = None,
+        lookup_budget_s: float = LOOKUP_BUDGET_S,
     ) -> None:
         self.engine = instance
         self.prefixes = prefixes
         self.experts = routed
-        self._keeping: set[asyncio.Task[None]] = set()  # blocks being stored in the pool
+        self.lookup_budget_s = lookup_budget_s
+        self._looking = 0  # requests waiting on a KV-pool look-up
+        self._lookups = ThreadPoolExecutor(LOOKUP_THREADS, thread_name_prefix="kv-lookup")
+        self._stores = ThreadPoolExecutor(1, thread_name_prefix="kv-store")  # and refreshes
+        self._to_store: asyncio.Queue[tuple[tuple[str, ...], int]] = asyncio.Queue(STORE_QUEUE)
+        self._received: dict[str, float] = {}  # request id -> when the server received it
         self.model_name = model_name
         self.clock = clock
         self.metrics = Metrics(model_name)
@@ -200,10 +227,11 @@ class Serving:
             if stream is not None:
                 stream.put_nowait(event)
             if isinstance(event, engine.Finished):
-                self.metrics.observe(event.timing)
+                received = self._received.pop(event.request_id, event.timing.submitted_s)
+                self.metrics.observe(event.timing, received)
                 self.route(event.timing)
         gauges = self.engine.gauges()
-        self.metrics.set_gauges(gauges, gauges.busy_seconds - self._busy_seen)
+        self.metrics.set_gauges(gauges, gauges.busy_seconds - self._busy_seen, self._looking)
         self._busy_seen = gauges.busy_seconds
         if self.engine.idle:
             self._idle.set()
@@ -236,14 +264,21 @@ class Serving:
         self._wake.set()
 
     def submit(
-        self, prompt_tokens: int, output_tokens: int, hashes: tuple[str, ...]
+        self,
+        prompt_tokens: int,
+        output_tokens: int,
+        hashes: tuple[str, ...],
+        received_s: float | None = None,
     ) -> tuple[str, asyncio.Queue[engine.Event]] | engine.Refused:
-        """Give the engine a request now: its id and the queue its events will come to."""
+        """Give the engine a request now: its id and the queue its events will come to.
+        ``received_s``: when the server received it (default now), for its TTFT."""
         request_id = f"cmpl-{next(self._ids)}"
         request = engine.Request(request_id, prompt_tokens, output_tokens, hashes)
-        refused = self.engine.submit(request, self.clock())
+        now = self.clock()
+        refused = self.engine.submit(request, now)
         if refused is not None:
             return refused
+        self._received[request_id] = now if received_s is None else min(received_s, now)
         self._idle.clear()
         queue: asyncio.Queue[engine.Event] = asyncio.Queue()
         self._streams[request_id] = queue
@@ -254,32 +289,65 @@ class Serving:
         self._streams.pop(request_id, None)
 
     async def look_up(self, completion: Completion) -> prefixpool.Looked | None:
-        """The prompt's cached prefix in the KV pool (None: no pool, or nothing to look up)."""
+        """The prompt's cached prefix in the KV pool (None: no pool, nothing to look up, or
+        no answer within the budget). The request counts as waiting meanwhile."""
         hashes = completion.prefix_hashes
         if self.prefixes is None or not hashes or self.engine.role is engine.Role.DECODE:
             return None
-        looked = await asyncio.to_thread(self.prefixes.look_up, hashes)
         name = self.model_name
         self.metrics.prefix_queries.labels(name).inc(len(hashes) * engine.BLOCK_TOKENS)
+        loop = asyncio.get_running_loop()
+        self._looking += 1
+        try:
+            asked = loop.run_in_executor(self._lookups, self.prefixes.look_up, hashes)
+            looked = await asyncio.wait_for(asked, self.lookup_budget_s)
+        except TimeoutError:
+            log.info("KV pool: no answer in %.2f s: the prompt is computed", self.lookup_budget_s)
+            return None
+        finally:
+            self._looking -= 1
         self.metrics.prefix_hits.labels(name).inc(looked.tokens)
         return looked
 
     def keep(self, completion: Completion, looked: prefixpool.Looked | None) -> None:
-        """Store, in the background, the prompt's blocks the pool lacked."""
-        if (
-            self.prefixes is None
-            or looked is None
-            or looked.blocks >= len(completion.prefix_hashes)
-        ):
+        """Queue the store of the prompt's blocks the pool lacked; dropped if the queue is
+        full (a store never delays a request)."""
+        hashes = completion.prefix_hashes
+        if self.prefixes is None or looked is None or looked.blocks >= len(hashes):
             return
-        task = asyncio.create_task(self._keep(completion.prefix_hashes, looked.blocks))
-        self._keeping.add(task)
-        task.add_done_callback(self._keeping.discard)
+        try:
+            self._to_store.put_nowait((hashes, looked.blocks))
+        except asyncio.QueueFull:
+            self.metrics.pool_dropped.labels(self.model_name).inc()
 
-    async def _keep(self, hashes: tuple[str, ...], skip: int) -> None:
+    async def store(self) -> None:
+        """Store the queued blocks in the pool, one request's at a time; forever."""
         assert self.prefixes is not None
-        stored = await asyncio.to_thread(self.prefixes.keep, hashes, skip)
-        self.metrics.pool_stored.labels(self.model_name).inc(stored)
+        loop = asyncio.get_running_loop()
+        while True:
+            hashes, skip = await self._to_store.get()
+            try:
+                stored = await loop.run_in_executor(self._stores, self.prefixes.keep, hashes, skip)
+            except Exception:  # the pool is a cache: a store that failed is a store not made
+                log.exception("KV pool: a store failed")
+                continue
+            self.metrics.pool_stored.labels(self.model_name).inc(stored)
+
+    async def refresh(self, every_s: float = REFRESH_SECONDS) -> None:
+        """Learn which daemons hold the service's blocks, now and every ``every_s``."""
+        assert self.prefixes is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                await loop.run_in_executor(self._stores, self.prefixes.refresh)
+            except Exception:
+                log.exception("KV pool: reading which daemons hold blocks failed")
+            await asyncio.sleep(every_s)
+
+    def close(self) -> None:
+        """Let the pool's threads go (a look-up or store in flight still ends)."""
+        self._lookups.shutdown(wait=False, cancel_futures=True)
+        self._stores.shutdown(wait=False, cancel_futures=True)
 
     def drain(self) -> None:
         self.engine.drain()
@@ -352,6 +420,7 @@ def _draining(retry_after_s: int) -> web.Response:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     serving = request.app[STATE]
+    received = serving.clock()
     retry_after_s = request.app[RETRY_AFTER]
     if serving.engine.draining:
         return _draining(retry_after_s)
@@ -363,7 +432,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         return _error(400, completion)
     output = 1 if serving.engine.role is engine.Role.PREFILL else completion.max_tokens
     looked = await serving.look_up(completion)
-    taken = serving.submit(completion.prompt_tokens, output, completion.prefix_hashes)
+    taken = serving.submit(completion.prompt_tokens, output, completion.prefix_hashes, received)
     if taken is engine.Refused.DRAINING:
         return _draining(retry_after_s)
     if isinstance(taken, engine.Refused):
@@ -457,6 +526,7 @@ def create_app(
     retry_after_s: int = 1,
     prefixes: prefixpool.PooledPrefixes | None = None,
     routed: experts.Experts | None = None,
+    lookup_budget_s: float = LOOKUP_BUDGET_S,
 ) -> web.Application:
     """The server's app around ``instance``; its engine loop runs while the app does. With
     ``prefixes``, the engine's prefix cache is the supernode's KV-cache pool; with ``routed``,
@@ -464,7 +534,7 @@ def create_app(
     app = web.Application()
     if prefixes is not None:
         instance.prefix_cache = prefixes
-    app[STATE] = Serving(instance, model_name, clock, prefixes, routed)
+    app[STATE] = Serving(instance, model_name, clock, prefixes, routed, lookup_budget_s)
     app[RETRY_AFTER] = retry_after_s
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/drain", drain)
@@ -475,12 +545,21 @@ def create_app(
 
 
 async def _engine_loop(app: web.Application) -> AsyncIterator[None]:
-    task = asyncio.create_task(app[STATE].run(), name="engine loop")
-    task.add_done_callback(_report_crash)
+    """The engine loop while the app runs; with a KV pool (and prefills to look up), its
+    store and refresh loops too."""
+    serving = app[STATE]
+    tasks = [asyncio.create_task(serving.run(), name="engine loop")]
+    tasks[0].add_done_callback(_report_crash)
+    if serving.prefixes is not None and serving.engine.role is not engine.Role.DECODE:
+        tasks.append(asyncio.create_task(serving.store(), name="KV pool stores"))
+        tasks.append(asyncio.create_task(serving.refresh(), name="KV pool holders"))
     yield
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    serving.close()
 
 
 def _report_crash(task: asyncio.Task[None]) -> None:
