@@ -7,17 +7,23 @@ A control plane that cannot start fails the session; it is never skipped.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
+
+import yaml
 
 from matrixpool.api import labels
 from matrixpool.devcluster import binaries, cluster, topology
@@ -223,6 +229,97 @@ class Sim:
                     except ValueError:
                         continue
         return sorted(lines, key=lambda line: float(line.get("t", 0)))
+
+
+@contextlib.contextmanager
+def sim_on(cluster: TestCluster, folder: Path, supernode: str) -> Iterator[Sim]:
+    """The SuperNode ``supernode`` (its YAML) applied and a sim on it; after, the sim stopped
+    (its log's tail printed), the SuperNode deleted, and none of its daemons' Leases left to go
+    stale and mark its nodes unreachable for the tests after."""
+    name = str(yaml_name(supernode))
+    cluster.kubectl("apply", "-f", "-", input=supernode)
+    process = Sim(cluster, folder, supernodes=(name,)).start()
+    try:
+        yield process
+    finally:
+        process.stop()
+        print(process.log()[-5000:])
+        cluster.kubectl("delete", "sn", name, check=False)
+    assert daemon_endpoints(cluster) == {}
+
+
+def yaml_name(manifest: str) -> str:
+    """``metadata.name`` of a one-object YAML manifest."""
+    return str(yaml.safe_load(manifest)["metadata"]["name"])
+
+
+@contextlib.contextmanager
+def operator_beside(
+    cluster: TestCluster, sim: Sim, log: Path, env: dict[str, str], kind: type[Operator] = Operator
+) -> Iterator[Operator]:
+    """The operator told what the chart tells it of ``sim``'s daemons, plus ``env``; killed
+    after, its log's tail printed."""
+    process = kind(cluster, log, env={**sim.operator_env(), **env}).start()
+    try:
+        yield process
+    finally:
+        process.kill()
+        print(process.log()[-20000:])
+
+
+class Endpoints:
+    """An InferenceService's serving pods as a Service's endpoints would list them, by role
+    (the first set: ``roles[0]``'s, or every pod's without roles; the second: ``roles[1]``'s):
+    not terminating, answering ``health``; refreshed by a thread of its own every 0.5 s."""
+
+    def __init__(
+        self,
+        cluster: TestCluster,
+        namespace: str,
+        name: str,
+        port: int,
+        health: str,
+        roles: tuple[str, str] | None = None,
+    ) -> None:
+        self.cluster, self.namespace, self.name = cluster, namespace, name
+        self.port, self.health, self.roles = port, health, roles
+        self.now: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.follow, daemon=True)
+
+    def __enter__(self) -> Endpoints:
+        self.now = self.read()
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=10)
+
+    def follow(self) -> None:
+        while not self.stop.wait(0.5):
+            self.now = self.read()
+
+    def read(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        pods = self.cluster.api.core.list_namespaced_pod(
+            self.namespace, label_selector=f"{labels.JOB}={self.name}"
+        ).items
+        found: tuple[list[str], list[str]] = ([], [])
+        for pod in pods:
+            ip = pod.status.pod_ip if pod.status else None
+            role = (pod.metadata.labels or {}).get(labels.ROLE, "")
+            side = 0 if self.roles is None else self.roles.index(role) if role in self.roles else -1
+            url = f"http://{ip}:{self.port}"
+            if ip and not pod.metadata.deletion_timestamp and side >= 0 and self.healthy(url):
+                found[side].append(url)
+        return tuple(sorted(found[0])), tuple(sorted(found[1]))
+
+    def healthy(self, url: str) -> bool:
+        try:
+            with urllib.request.urlopen(f"{url}{self.health}", timeout=0.5):
+                return True
+        except (urllib.error.URLError, OSError):
+            return False
 
 
 def unique(prefix: str) -> str:

@@ -16,10 +16,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
-import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +29,7 @@ from tests.integration import framework, manifests
 
 pytestmark = pytest.mark.integration
 
+ROLES = ("prefill", "decode")
 PERIOD = "3"  # the autoscaler reads /metrics every 3 s here (15 s by default)
 SERVER = {
     "name": "server",
@@ -71,50 +69,6 @@ def service(name: str, mode: str) -> dict[str, Any]:
     }
 
 
-class Endpoints:
-    """The service's serving pods by role, as a Service's endpoints would list them: Running,
-    not terminating, answering /healthz; refreshed by a thread of its own."""
-
-    def __init__(self, cluster: framework.TestCluster, namespace: str, name: str) -> None:
-        self.cluster, self.namespace, self.name = cluster, namespace, name
-        self.now: loadgen.UrlSets = ((), ())
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.follow, daemon=True)
-
-    def __enter__(self) -> Endpoints:
-        self.now = self.read()
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop.set()
-        self.thread.join(timeout=10)
-
-    def follow(self) -> None:
-        while not self.stop.wait(0.5):
-            self.now = self.read()
-
-    def read(self) -> loadgen.UrlSets:
-        pods = self.cluster.api.core.list_namespaced_pod(
-            self.namespace, label_selector=f"matrixpool.dev/job={self.name}"
-        ).items
-        found: dict[str, list[str]] = {"prefill": [], "decode": []}
-        for pod in pods:
-            ip = pod.status.pod_ip if pod.status else None
-            role = (pod.metadata.labels or {}).get("matrixpool.dev/role", "")
-            if ip and not pod.metadata.deletion_timestamp and role in found and _healthy(ip):
-                found[role].append(f"http://{ip}:8000")
-        return tuple(sorted(found["prefill"])), tuple(sorted(found["decode"]))
-
-
-def _healthy(ip: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://{ip}:8000/healthz", timeout=0.5):
-            return True
-    except (urllib.error.URLError, OSError):
-        return False
-
-
 def recommended(cluster: framework.TestCluster, namespace: str, name: str) -> dict[str, Any]:
     body = json.loads(cluster.kubectl("get", "infer", name, "-n", namespace, "-o", "json").stdout)
     return dict((body.get("status") or {}).get("recommendation") or {})
@@ -135,7 +89,11 @@ def pods_by_role(cluster: framework.TestCluster, namespace: str, name: str) -> d
 
 
 def send(
-    endpoints: Endpoints, rate: float, lengths: workload.LengthModel, seconds: float, seed: int
+    endpoints: framework.Endpoints,
+    rate: float,
+    lengths: workload.LengthModel,
+    seconds: float,
+    seed: int,
 ) -> list[loadgen.Record]:
     """``rate`` requests/s of ``lengths`` for ``seconds``, open loop, to the pods listed now."""
     requests = workload.generate(
@@ -172,17 +130,8 @@ def windows(day_ends: str = "00:00") -> dict[str, Any]:
 def sim(cluster: framework.TestCluster, tmp_path: Path) -> Iterator[framework.Sim]:
     sn = manifests.supernode("sn-0").spares(0)
     sn.body["spec"]["timeSharing"] = windows()
-    cluster.kubectl("apply", "-f", "-", input=sn.yaml())
-    process = framework.Sim(cluster, tmp_path / "sim", supernodes=("sn-0",)).start()
-    try:
+    with framework.sim_on(cluster, tmp_path / "sim", sn.yaml()) as process:
         yield process
-    finally:
-        process.stop()
-        print(process.log()[-5000:])
-        cluster.kubectl("delete", "sn", "sn-0", check=False)
-    # A sim stopped withdraws its daemons' Leases: none is left to go stale and mark sn-0's
-    # nodes unreachable for the tests after this one.
-    assert framework.daemon_endpoints(cluster) == {}
 
 
 @dataclass
@@ -198,18 +147,15 @@ def operator(
     cluster: framework.TestCluster, sim: framework.Sim, tmp_path: Path
 ) -> Iterator[Clocked]:
     env = {
-        **sim.operator_env(),
         "MATRIXPOOL_AUTOSCALER_PERIOD_SECONDS": PERIOD,
         "MATRIXPOOL_CLOCK_START": CLOCK_START.isoformat(),
         "MATRIXPOOL_CLOCK_SPEED": str(CLOCK_SPEED),
     }
-    process = Clocked(cluster, tmp_path / "operator.log", env=env).start()
-    process.started = time.monotonic()
-    try:
+    log = tmp_path / "operator.log"
+    with framework.operator_beside(cluster, sim, log, env, Clocked) as process:
+        assert isinstance(process, Clocked)
+        process.started = time.monotonic()
         yield process
-    finally:
-        process.kill()
-        print(process.log()[-20000:])
 
 
 def night_in_a_minute(cluster: framework.TestCluster, operator: Clocked) -> None:
@@ -245,7 +191,7 @@ def test_a_stepped_load_scales_prefill_and_decode_apart_and_no_request_fails(
         timeout=60, what="the spec's 3 + 3 instances",
     )  # fmt: skip
     records: list[loadgen.Record] = []
-    with Endpoints(cluster, namespace, "chat") as endpoints:
+    with framework.Endpoints(cluster, namespace, "chat", 8000, "/healthz", ROLES) as endpoints:
         framework.eventually(lambda: all(endpoints.now), timeout=60, what="servers answering")
         # 1. a light load: both roles come down to one instance each
         records += send(endpoints, 1.0, PREFILL_HEAVY, 25, seed=1)
@@ -298,7 +244,7 @@ def test_advisory_mode_writes_a_recommendation_and_changes_nothing_else(
         lambda: pods_by_role(cluster, namespace, "chat") == {"prefill": 3, "decode": 3},
         timeout=60, what="the spec's 3 + 3 instances",
     )  # fmt: skip
-    with Endpoints(cluster, namespace, "chat") as endpoints:
+    with framework.Endpoints(cluster, namespace, "chat", 8000, "/healthz", ROLES) as endpoints:
         framework.eventually(lambda: all(endpoints.now), timeout=60, what="servers answering")
         send(endpoints, 1.0, PREFILL_HEAVY, 20, seed=5)
     advice = framework.eventually(

@@ -19,8 +19,6 @@ import asyncio
 import json
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -96,51 +94,8 @@ def service(name: str, model: Path) -> dict[str, Any]:
     }
 
 
-class Endpoints:
-    """The service's pods as a Service's endpoints list them: not terminating, answering
-    ``/health``; refreshed by a thread of its own."""
-
-    def __init__(self, cluster: framework.TestCluster, namespace: str, name: str) -> None:
-        self.cluster, self.namespace, self.name = cluster, namespace, name
-        self.now: loadgen.UrlSets = ((), ())
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.follow, daemon=True)
-
-    def __enter__(self) -> Endpoints:
-        self.now = self.read()
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop.set()
-        self.thread.join(timeout=10)
-
-    def follow(self) -> None:
-        while not self.stop.wait(0.5):
-            self.now = self.read()
-
-    def read(self) -> loadgen.UrlSets:
-        pods = self.cluster.api.core.list_namespaced_pod(
-            self.namespace, label_selector=f"matrixpool.dev/job={self.name}"
-        ).items
-        urls = [
-            f"http://{pod.status.pod_ip}:{PORT}"
-            for pod in pods
-            if pod.status and pod.status.pod_ip and not pod.metadata.deletion_timestamp
-        ]
-        return tuple(sorted(u for u in urls if _healthy(u))), ()
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=0.5):
-            return True
-    except (urllib.error.URLError, OSError):
-        return False
-
-
 def send(
-    endpoints: Endpoints, rates: list[float], seconds: float, seed: int
+    endpoints: framework.Endpoints, rates: list[float], seconds: float, seed: int
 ) -> list[loadgen.Record]:
     """``rates`` requests/s, ``seconds`` each, open loop, to the pods listed as it goes."""
     pattern = workload.step_pattern(rates, seconds)
@@ -175,29 +130,14 @@ def attained(records: list[loadgen.Record], after_s: float) -> float:
 
 
 @pytest.fixture
-def sim(cluster: framework.TestCluster, tmp_path: Path) -> Iterator[framework.Sim]:
-    cluster.kubectl("apply", "-f", "-", input=manifests.supernode("sn-0").spares(0).yaml())
-    process = framework.Sim(cluster, tmp_path / "sim", supernodes=("sn-0",)).start()
-    try:
+def operator(cluster: framework.TestCluster, tmp_path: Path) -> Iterator[framework.Operator]:
+    sn = manifests.supernode("sn-0").spares(0).yaml()
+    env = {"MATRIXPOOL_AUTOSCALER_PERIOD_SECONDS": str(PERIOD)}
+    with (
+        framework.sim_on(cluster, tmp_path / "sim", sn) as sim,
+        framework.operator_beside(cluster, sim, tmp_path / "operator.log", env) as process,
+    ):
         yield process
-    finally:
-        process.stop()
-        print(process.log()[-5000:])
-        cluster.kubectl("delete", "sn", "sn-0", check=False)
-    assert framework.daemon_endpoints(cluster) == {}
-
-
-@pytest.fixture
-def operator(
-    cluster: framework.TestCluster, sim: framework.Sim, tmp_path: Path
-) -> Iterator[framework.Operator]:
-    env = {**sim.operator_env(), "MATRIXPOOL_AUTOSCALER_PERIOD_SECONDS": str(PERIOD)}
-    process = framework.Operator(cluster, tmp_path / "operator.log", env=env).start()
-    try:
-        yield process
-    finally:
-        process.kill()
-        print(process.log()[-20000:])
 
 
 def test_llama_cpp_pods_scale_with_a_stepped_load_and_a_burst_and_no_request_fails(
@@ -209,7 +149,7 @@ def test_llama_cpp_pods_scale_with_a_stepped_load_and_a_burst_and_no_request_fai
     body = json.dumps(service("chat", model))
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=body)
     records: list[loadgen.Record] = []
-    with Endpoints(cluster, namespace, "chat") as endpoints:
+    with framework.Endpoints(cluster, namespace, "chat", PORT, "/health") as endpoints:
         framework.eventually(lambda: endpoints.now[0], timeout=60, what="the engine answering")
         for seed in range(10, 14):  # the base load, until one instance is enough (its window)
             records += send(endpoints, [BASE], 10, seed=seed)

@@ -50,28 +50,18 @@ def service(name: str) -> dict[str, Any]:
 
 @pytest.fixture
 def sim(cluster: framework.TestCluster, tmp_path: Path) -> Iterator[framework.Sim]:
-    cluster.kubectl("apply", "-f", "-", input=manifests.supernode("sn-0").spares(0).yaml())
-    process = framework.Sim(cluster, tmp_path / "sim", supernodes=("sn-0",)).start()
-    try:
+    sn = manifests.supernode("sn-0").spares(0).yaml()
+    with framework.sim_on(cluster, tmp_path / "sim", sn) as process:
         yield process
-    finally:
-        process.stop()
-        print(process.log()[-5000:])
-        cluster.kubectl("delete", "sn", "sn-0", check=False)
-    assert framework.daemon_endpoints(cluster) == {}
 
 
 @pytest.fixture
 def operator(
     cluster: framework.TestCluster, sim: framework.Sim, tmp_path: Path
 ) -> Iterator[framework.Operator]:
-    env = {**sim.operator_env(), "MATRIXPOOL_EXPERTS_PERIOD_SECONDS": "3"}
-    process = framework.Operator(cluster, tmp_path / "operator.log", env=env).start()
-    try:
+    env = {"MATRIXPOOL_EXPERTS_PERIOD_SECONDS": "3"}
+    with framework.operator_beside(cluster, sim, tmp_path / "operator.log", env) as process:
         yield process
-    finally:
-        process.kill()
-        print(process.log()[-20000:])
 
 
 def serving_pods(cluster: framework.TestCluster, namespace: str) -> dict[str, dict[str, Any]]:

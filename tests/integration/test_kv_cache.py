@@ -49,27 +49,16 @@ def service(name: str, kv: str) -> dict[str, Any]:
 def sim(cluster: framework.TestCluster, tmp_path: Path) -> Iterator[framework.Sim]:
     sn = manifests.supernode("sn-0").spares(0)
     sn.body["spec"]["memoryPool"] = {"perNode": PER_NODE}
-    cluster.kubectl("apply", "-f", "-", input=sn.yaml())
-    process = framework.Sim(cluster, tmp_path / "sim", supernodes=("sn-0",)).start()
-    try:
+    with framework.sim_on(cluster, tmp_path / "sim", sn.yaml()) as process:
         yield process
-    finally:
-        process.stop()
-        print(process.log()[-5000:])
-        cluster.kubectl("delete", "sn", "sn-0", check=False)
 
 
 @pytest.fixture
 def operator(
     cluster: framework.TestCluster, sim: framework.Sim, tmp_path: Path
 ) -> Iterator[framework.Operator]:
-    process = framework.Operator(cluster, tmp_path / "operator.log", env=sim.operator_env())
-    process.start()
-    try:
+    with framework.operator_beside(cluster, sim, tmp_path / "operator.log", {}) as process:
         yield process
-    finally:
-        process.kill()
-        print(process.log()[-20000:])
 
 
 def status_of(cluster: framework.TestCluster, namespace: str, name: str) -> dict[str, Any]:

@@ -46,6 +46,12 @@ def ensure(progress: Callable[[str], None] = print) -> Path:
     script = repo_root() / "tools" / "k8s" / "build.sh"
     if not script.exists():
         raise BuildError(f"{script} not found: set MATRIXPOOL_BIN_DIR to prebuilt binaries")
+    return build(script, progress)
+
+
+def build(script: Path, progress: Callable[[str], None]) -> Path:
+    """Run a build script that reports progress on stderr and prints its result's path as
+    its last line; that path."""
     with subprocess.Popen(
         [str(script)],
         stdout=subprocess.PIPE,
@@ -54,7 +60,7 @@ def ensure(progress: Callable[[str], None] = print) -> Path:
     ) as process:
         assert process.stderr is not None
         assert process.stdout is not None
-        for line in process.stderr:  # build.sh reports progress on stderr
+        for line in process.stderr:
             progress(line.rstrip())
         output = process.stdout.read().strip().splitlines()
     if process.returncode != 0 or not output:

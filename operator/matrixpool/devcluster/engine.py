@@ -19,7 +19,6 @@ the process kubelet the machine's ``llama-server`` is found on the image's PATH
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -47,17 +46,10 @@ def server(progress: Callable[[str], None] = print) -> Path:
     script = binaries.repo_root() / "tools" / "engine" / "build.sh"
     if not script.exists():
         raise EngineError(f"{script} not found: set MATRIXPOOL_LLAMA_SERVER")
-    with subprocess.Popen(
-        [str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    ) as process:
-        assert process.stderr is not None
-        assert process.stdout is not None
-        for line in process.stderr:  # build.sh reports progress on stderr
-            progress(line.rstrip())
-        output = process.stdout.read().strip().splitlines()
-    if process.returncode != 0 or not output:
-        raise EngineError(f"{script} failed (exit {process.returncode}); see the lines above")
-    return Path(output[-1])
+    try:
+        return binaries.build(script, progress)
+    except binaries.BuildError as error:
+        raise EngineError(str(error)) from error
 
 
 def install(binary: Path, folder: Path) -> Path:

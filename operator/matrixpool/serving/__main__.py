@@ -27,8 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from matrixpool.api import labels
-from matrixpool.serving import engine, experts, latency, prefixpool, server
-from matrixpool_recovery import kvclient
+from matrixpool.serving import engine, experts, kvargs, latency, prefixpool, server
 
 log = logging.getLogger("matrixpool.serving")
 
@@ -122,24 +121,7 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         default=experts.DEFAULT_TOP_K,
         help=f"routed experts per token (default: {experts.DEFAULT_TOP_K}, at most --experts)",
     )
-    pool = parser.add_argument_group("the supernode's KV-cache pool (all three, or none)")
-    pool.add_argument(
-        "--kv-service",
-        default=environ.get("MATRIXPOOL_KV_SERVICE") or None,
-        help="the service whose KV blocks these are (default: $MATRIXPOOL_KV_SERVICE)",
-    )
-    pool.add_argument(
-        "--kv-token-file",
-        type=Path,
-        default=environ.get("MATRIXPOOL_KV_TOKEN_FILE") or None,
-        help="the file holding the service's token (default: $MATRIXPOOL_KV_TOKEN_FILE)",
-    )
-    pool.add_argument(
-        "--kv-daemons",
-        default=environ.get("MATRIXPOOL_KV_DAEMONS") or None,
-        help="host:port of the pool's daemons, a comma list, the own node's first"
-        " (default: $MATRIXPOOL_KV_DAEMONS)",
-    )
+    pool = kvargs.add(parser, environ)
     pool.add_argument(
         "--kv-block-bytes",
         type=int,
@@ -155,15 +137,9 @@ BLOCK_BYTES = latency.KV_BYTES_PER_TOKEN * engine.BLOCK_TOKENS  # one block of t
 
 def prefixes(args: argparse.Namespace) -> prefixpool.PooledPrefixes | None:
     """The KV-cache pool as the engine's prefix cache, when the pod was given one."""
-    given = [args.kv_service, args.kv_token_file, args.kv_daemons]
-    if not any(given):
+    client = kvargs.client(args)
+    if client is None:
         return None
-    if not all(given):
-        raise SystemExit("the KV pool needs --kv-service, --kv-token-file and --kv-daemons")
-    daemons = list(dict.fromkeys(a.strip() for a in args.kv_daemons.split(",") if a.strip()))
-    token = args.kv_token_file.read_text().strip()
-    client = kvclient.KvClient(args.kv_service, token, daemons)
-    log.info("prefix cache: the KV pool of %d daemons, %s first", len(daemons), daemons[0])
     return prefixpool.PooledPrefixes(client, args.kv_block_bytes)
 
 

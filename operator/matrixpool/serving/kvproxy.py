@@ -66,8 +66,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from matrixpool.serving import kvslots
-from matrixpool_recovery import kvclient
+from matrixpool.serving import kvargs, kvslots
 
 log = logging.getLogger(__name__)
 
@@ -458,38 +457,8 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     parser.add_argument(
         "--slot-dir", type=Path, required=True, help="the engine's --slot-save-path"
     )
-    pool = parser.add_argument_group("the supernode's KV-cache pool (all three, or none)")
-    pool.add_argument(
-        "--kv-service",
-        default=environ.get("MATRIXPOOL_KV_SERVICE") or None,
-        help="the service whose KV blocks these are (default: $MATRIXPOOL_KV_SERVICE)",
-    )
-    pool.add_argument(
-        "--kv-token-file",
-        type=Path,
-        default=environ.get("MATRIXPOOL_KV_TOKEN_FILE") or None,
-        help="the file holding the service's token (default: $MATRIXPOOL_KV_TOKEN_FILE)",
-    )
-    pool.add_argument(
-        "--kv-daemons",
-        default=environ.get("MATRIXPOOL_KV_DAEMONS") or None,
-        help="host:port of the pool's daemons, a comma list, the own node's first"
-        " (default: $MATRIXPOOL_KV_DAEMONS)",
-    )
+    kvargs.add(parser, environ)
     return parser
-
-
-def pool_of(args: argparse.Namespace) -> kvclient.KvClient | None:
-    """The service's view of the KV-cache pool, when the pod was given one."""
-    given = [args.kv_service, args.kv_token_file, args.kv_daemons]
-    if not any(given):
-        return None
-    if not all(given):
-        raise SystemExit("the KV pool needs --kv-service, --kv-token-file and --kv-daemons")
-    daemons = list(dict.fromkeys(a.strip() for a in args.kv_daemons.split(",") if a.strip()))
-    token = args.kv_token_file.read_text().strip()
-    log.info("KV pool of %d daemons, %s first", len(daemons), daemons[0])
-    return kvclient.KvClient(args.kv_service, token, daemons)
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
@@ -508,7 +477,7 @@ async def _serve(args: argparse.Namespace, host: str, port: int) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    proxy = Proxy(args.engine, args.slot_dir, args.slots, pool_of(args))
+    proxy = Proxy(args.engine, args.slot_dir, args.slots, kvargs.client(args))
     runner = web.AppRunner(create_app(proxy), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
