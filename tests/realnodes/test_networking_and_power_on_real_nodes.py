@@ -268,8 +268,13 @@ def test_power_off_stops_a_real_node_whole_and_power_on_boots_it_with_empty_memo
     )
     holder["spec"]["containers"][0]["volumeMounts"] = [{"name": "memory", "mountPath": "/memory"}]
     apply(cluster, namespace, holder)
+    # The shell's own command line holds the marker before it writes the shard: wait for both.
     framework.eventually(lambda: processes_with(marker), timeout=60, what="the holder's sleep")
-    assert shard in [Path(p).name for p in memory_folder(cluster, node)]
+    framework.eventually(
+        lambda: shard in [Path(p).name for p in memory_folder(cluster, node)],
+        timeout=30,
+        what="the holder's shard in the node's memory folder",
+    )
     facts = json.loads(Path(cluster.local.state_file).read_text())["real"]["nodes"][node]
     agents = {name: int(pid) for name, pid in facts["pids"].items()}
     assert set(agents) == {"containerd", "kubelet", "kube-proxy"}
