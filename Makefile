@@ -52,17 +52,17 @@ integration: venv binaries engine
 	$(BIN)/pytest tests/integration -q --durations=10
 
 # make test's split of it: the demo's test brings up a control plane of its own (no shared
-# cluster), so it runs in the first lane, and so does the real engine's autoscaling test, on a
-# control plane of its own session (that lane ends before the real nodes' does); the rest, on
-# the suite's cluster, alone.
+# cluster), so it runs in the first lane, and so do the real engine's autoscaling test and the
+# experts' test, on a control plane of their own session (that lane ends before the real
+# nodes' does); the rest, on the suite's cluster, alone.
 DEMO_TEST := tests/integration/test_demo.py
-ENGINE_TEST := tests/integration/test_engine_autoscaling.py
+ENGINE_TEST := tests/integration/test_engine_autoscaling.py tests/integration/test_experts.py
 integration-demo: venv binaries
 	$(BIN)/pytest $(DEMO_TEST) -q --durations=1
 integration-engine: venv binaries engine
-	$(BIN)/pytest $(ENGINE_TEST) -q --durations=1
+	$(BIN)/pytest $(ENGINE_TEST) -q --durations=2
 integration-shared: venv binaries engine
-	$(BIN)/pytest tests/integration -q --durations=10 --ignore=$(DEMO_TEST) --ignore=$(ENGINE_TEST)
+	$(BIN)/pytest tests/integration -q --durations=10 --ignore=$(DEMO_TEST) $(ENGINE_TEST:%=--ignore=%)
 
 chaos: venv binaries
 	$(BIN)/pytest tests/chaos -q --durations=5
@@ -117,8 +117,8 @@ goodput: venv
 
 # Two lanes, then one suite at a time (2 cores; warm CI ≤ 35 min). Lane 1: the static checks
 # and the pure suites (unit, checkpoint, torch; two at a time), then e2e, then the demo's
-# integration test, then the real engine's (each its own control plane; the sims of e2e, the
-# demo and the engine never overlap: their node and pod addresses are the same loopback ones).
+# integration test, then the real engine's and the experts' (each its own control plane; these
+# sims never overlap: their node and pod addresses are the same loopback ones).
 # Lane 2, beside it:
 # the real nodes, whose suite mostly waits (its trainers step every 0.5–1 s; the machine was
 # 55 % idle through it) and asserts no durations; its output is kept in .real-nodes.log and
