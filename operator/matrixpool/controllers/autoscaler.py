@@ -9,9 +9,10 @@ Each pass of the main loop (:mod:`matrixpool.controllers.loop`), for every such 
    (:mod:`matrixpool.controllers.background`): a slow pod delays its own service's reading, never
    the loop;
 2. once a reading is back: the load factors from it and the one before
-   (:mod:`matrixpool.serving.readings`: arrivals, i.e. what was processed plus what the waiting
-   queue grew by, so a burst counts in the first reading after it starts), the capacity per
-   replica of each phase (:func:`learn`: as ``spec.autoscaling.capacity`` states it, else
+   (:mod:`matrixpool.serving.readings`: arrivals, i.e. what was processed plus what the
+   requests in the engines, waiting and running, grew by, so a burst counts in the first
+   reading after it starts), the capacity per replica of each phase (:func:`learn`: as
+   ``spec.autoscaling.capacity`` states it, else
    learned from the period's readings, :mod:`matrixpool.serving.capacity`), then the replicas
    they need (:func:`matrixpool.serving.estimator.estimate`) — each role within its
    autoscaling range (:func:`matrixpool.api.inferenceservice.autoscaling_range`), the ratio

@@ -15,8 +15,9 @@ then serves both phases (aggregated: its replicas split their time between the t
 
 1. Load → replicas needed, unrounded, per role (:class:`Need`):
    - prefill (:func:`prefill_tokens_need`): the prompt tokens arriving per second (arrivals:
-     processed plus the waiting queue's growth, :mod:`matrixpool.serving.readings`) plus the
-     backlog waiting (``queue_depth``) cleared within the TTFT target, over one replica's
+     processed plus the growth of the requests in the engines,
+     :mod:`matrixpool.serving.readings`) plus the backlog waiting (``queue_depth``) cleared
+     within the TTFT target, over one replica's
      prefill tokens/s at the target utilisation; and, where a replica's request rate is
      bounded, the arrival rate over it (:func:`prefill_requests_need`);
    - decode (:func:`decode_tokens_need`): the output tokens per second over one replica's

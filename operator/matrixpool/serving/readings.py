@@ -32,9 +32,12 @@ From two readings of every instance the factors are (:func:`factors`):
 1. rates: requests, prompt tokens and output tokens per second — the counters' growth over
    the time between the readings, summed over the instances (a counter that went down, the
    instance restarted, counts from 0). Requests and prompt tokens are arrivals, not
-   completions: what finished plus what the waiting queue grew by (its requests times the
-   period's mean prompt), so a burst that a saturated instance cannot finish still counts in
-   full in the first reading after it starts;
+   completions: what finished plus what the requests in the instance (waiting and running)
+   grew by, times the period's mean prompt for tokens, so a burst counts in full in the first
+   reading after it starts, whether a saturated instance queues it or an engine with free
+   slots (llama.cpp) takes it in at once and prefills it slowly. While a burst rises this is an
+   upper bound (a running request's prompt may be partly processed, counted already); in a
+   steady load the growth is zero and the counters alone count;
 2. now: the requests waiting (turned into prompt tokens by the period's mean prompt: prompt
    tokens per finished request, or :data:`ASSUMED_PROMPT_TOKENS` for an engine that counts no
    finished requests, llama.cpp), the mean KV usage of the instances that decode, the busy
@@ -270,7 +273,7 @@ def factors(instances: Sequence[Instance]) -> estimator.Factors:
     finished = sum(_rate(i, "requests") for i in arriving)
     prompt = sum(_rate(i, "prompt_tokens") for i in arriving)
     mean = mean_prompt(arriving)
-    grown = sum(_growth(i) for i in arriving)  # requests/s the waiting queue grew by
+    grown = sum(_growth(i) for i in arriving)  # requests/s the requests in the instances grew by
     output = sum(_rate(i, "generated_tokens") for i in rated if i.decodes)
     waiting = sum(i.now.waiting for i in instances if not i.decodes or alone)
     decoders = [i.now.kv_usage for i in instances if i.decodes]
@@ -357,9 +360,11 @@ def _per(total: float, instances: Sequence[Instance]) -> float:
 
 
 def _growth(instance: Instance) -> float:
-    """Requests/s by which the instance's waiting queue grew (negative: it shrank)."""
-    assert instance.before is not None
-    return (instance.now.waiting - instance.before.waiting) / (instance.now.at - instance.before.at)
+    """Requests/s by which the requests in the instance, waiting and running, grew (negative:
+    they fell)."""
+    before, now = instance.before, instance.now
+    assert before is not None
+    return (now.waiting + now.running - before.waiting - before.running) / (now.at - before.at)
 
 
 def itl_of(rated: Sequence[Instance]) -> float | None:

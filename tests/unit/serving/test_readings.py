@@ -141,3 +141,20 @@ def test_without_a_finished_request_counter_waiting_requests_count_at_an_assumed
     found = readings.factors([readings.Instance(then, now, cards=1, decodes=True)])
     assert found.queue_depth == 2 * readings.ASSUMED_PROMPT_TOKENS
     assert found.input_tokens_per_s == pytest.approx(300 + 0.2 * readings.ASSUMED_PROMPT_TOKENS)
+
+
+def test_a_burst_taken_into_free_slots_counts_as_arriving_before_it_is_prefilled() -> None:
+    """llama.cpp takes a burst into its free slots at once (running, not deferred) and prefills
+    it slowly under a CPU limit: the requests that came in count in the first reading after."""
+    llama = (
+        "llamacpp:prompt_tokens_total {}\nllamacpp:requests_processing {}\n"
+        "llamacpp:requests_deferred {}\n"
+    )
+    then = readings.parse(llama.format(600, 1, 0), at=0.0, engine=readings.Engine.LLAMA_CPP)
+    now = readings.parse(llama.format(900, 7, 0), at=3.0, engine=readings.Engine.LLAMA_CPP)
+    found = readings.factors([readings.Instance(then, now, cards=1, decodes=True)])
+    assert found.arrival_rate == pytest.approx(2.0)  # 6 more in the instance in 3 s
+    assert found.input_tokens_per_s == pytest.approx(100 + 2.0 * readings.ASSUMED_PROMPT_TOKENS)
+    settled = readings.parse(llama.format(1500, 7, 0), at=6.0, engine=readings.Engine.LLAMA_CPP)
+    steady = readings.factors([readings.Instance(now, settled, cards=1, decodes=True)])
+    assert steady.input_tokens_per_s == pytest.approx(200.0)  # no growth: the counter alone
