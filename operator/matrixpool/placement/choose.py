@@ -16,6 +16,17 @@ node of ``u`` usable cards changes it by ``u - c``. Every choice here minimises,
 3. the empty nodes of the rack (a rack that is already broken is used before a whole one);
 4. the index (deterministic answers).
 
+**Locality** comes before fragmentation for a training gang of more than one pod (no
+``spread_group``): it goes into the fewest racks that can hold it (:func:`fewest_racks`, from
+each rack's capacity for the gang's pod size, as Kueue's TAS BestFit: the roomiest racks until
+the rest fits one more, and that last one the rack with the least room that holds the rest),
+and its ranks fill those racks one after another in rank order, so consecutive ranks are
+neighbours on the fabric and a ring crosses a rack boundary as few times as the racks allow.
+Inside each rack the order above chooses the nodes; a pod that the chosen racks turn out not to
+hold (pods of mixed sizes, card groups) falls back to the whole supernode. Among rack sets of
+the same count the fragmentation rules decide: racks with less room first (a broken rack before
+a whole one), so whole racks stay whole for the next big gang.
+
 Inside a node, :class:`matrixpool.placement.cards.Fitter` keeps a request no bigger than a card
 group inside one group. Inference replicas (``spread_group``) first pick the rack holding the
 fewest pods of their group, then apply the order above. ``group_size`` ranks share one rack:
@@ -41,8 +52,61 @@ def place_pods(
     if gang.group_size and gang.group_size > 1:
         return _by_rank_groups(snap, s, pods, gang, out)
     spread = gang.spread_group
+    if not spread and len(pods) > 1:
+        return _by_fewest_racks(snap, s, pods, gang, out)
     for placed, pod in enumerate(pods):
         hit = _spread_choice(snap, s, pod.cards, spread) if spread else _choice(snap, s, pod.cards)
+        if hit is None:
+            return placed
+        _put(snap, hit, pod, gang, out)
+    return len(pods)
+
+
+def fewest_racks(rooms: dict[int, int], pods: int) -> list[int] | None:
+    """The fewest racks whose ``rooms`` (pods each still holds) hold ``pods``, in the order to
+    fill them; None when all of them together are short. The roomiest first (fewer racks; of
+    equal room the lower index) until the rest fits one more rack, then of the racks that hold
+    the rest the one with the least room (best fit), filled first: a broken rack is used up
+    before a whole one is broken."""
+    order: list[int] = []
+    pool = sorted(((room, r) for r, room in rooms.items() if room > 0), key=lambda x: (-x[0], x[1]))
+    while pods > 0:
+        holding = [(room, r) for room, r in pool if room >= pods]
+        if holding:
+            return [min(holding)[1], *order]
+        if not pool:
+            return None
+        room, r = pool.pop(0)
+        order.append(r)
+        pods -= room
+    return order
+
+
+def racks_needed(snap: Snapshot, s: int, pods: Sequence[PodRequest]) -> int:
+    """How many racks of supernode ``s`` the pods need at the fewest (a large number when the
+    racks together are short): the supernodes' order of preference for a gang."""
+    rooms = snap.rack_rooms(s, max(p.cards for p in pods))
+    found = fewest_racks(rooms, len(pods))
+    return len(found) if found is not None else len(rooms) + 1
+
+
+def _by_fewest_racks(
+    snap: Snapshot, s: int, pods: Sequence[PodRequest], gang: GangRequest, out: list[Assignment]
+) -> int:
+    """Ranks fill the fewest racks one after another; a pod they do not hold goes anywhere in
+    the supernode (rules 1-4)."""
+    racks = fewest_racks(snap.rack_rooms(s, max(p.cards for p in pods)), len(pods)) or []
+    at = 0
+    for placed, pod in enumerate(pods):
+        hit: Hit | None = None
+        while at < len(racks) and hit is None:
+            r = racks[at]
+            hit = _best_partial(snap, snap.rack_partial[r], pod.cards) or _best_empty(
+                snap, (r,), pod.cards
+            )
+            if hit is None:
+                at += 1
+        hit = hit or _choice(snap, s, pod.cards)
         if hit is None:
             return placed
         _put(snap, hit, pod, gang, out)

@@ -173,7 +173,9 @@ def _one_supernode_candidates(
     pending: Sequence[PodRequest],
     kept: Mapping[PodKey, Assignment],
 ) -> Iterator[int]:
-    """Supernodes to try, best fit first: the fewest free cards among those that hold it."""
+    """Supernodes to try: the fewest racks the gang needs there (a training gang of several
+    pods, :func:`choose.racks_needed`), then best fit: the fewest free cards among those that
+    hold it."""
     layout = snap.layout
     named = layout.sn_index.get(gang.supernode) if gang.supernode else None
     if gang.affinity is Affinity.REQUIRED and kept:
@@ -188,10 +190,28 @@ def _one_supernode_candidates(
     grouped = len(pending) // group * group  # pods in whole rank groups
     free = snap.sn_free
     fitting = [s for s in range(len(free)) if free[s] >= need and s != named]
+    fitting = [
+        s
+        for s in fitting
+        if snap.capacity(s, size) >= len(pending) and snap.capacity(s, size, group) >= grouped
+    ]
     fitting.sort(key=lambda s: (free[s], s))
+    if gang.spread_group or len(pending) < 2 or group > 1:
+        yield from fitting
+        return
+    # the best fit that needs no more racks than the fewest possible anywhere comes first: no
+    # other can beat it, and the rest need not be counted (a cluster of hundreds of supernodes)
+    largest = snap.largest_rack(size)
+    floor = -(-len(pending) // largest) if largest else 1
+    racks: dict[int, int] = {}
     for s in fitting:
-        if snap.capacity(s, size) >= len(pending) and snap.capacity(s, size, group) >= grouped:
+        racks[s] = choose.racks_needed(snap, s, pending)
+        if racks[s] <= floor:
             yield s
+            fitting.remove(s)
+            break
+    fitting.sort(key=lambda s: (racks.get(s) or choose.racks_needed(snap, s, pending), free[s], s))
+    yield from fitting
 
 
 def _span(

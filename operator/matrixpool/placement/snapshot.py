@@ -205,6 +205,8 @@ class Snapshot:
         self.held: dict[GangKey, dict[PodKey, Held]] = {}
         self.used: dict[int, dict[str, int]] = {}  # node → requests held (never mutated: replaced)
         self._capacities: dict[tuple[int, int, int], tuple[int, int]] = {}
+        self._rooms: dict[tuple[int, int], tuple[int, dict[int, int]]] = {}
+        self._largest: dict[int, int] = {}  # pod size → largest_rack (the layout's, static)
         self._journal: list[_Change | _HeldChange | _UsedChange] = []
         self._depth = 0
 
@@ -239,6 +241,8 @@ class Snapshot:
         other.held = {g: dict(p) for g, p in self.held.items()}
         other.used = dict(self.used)
         other._capacities = dict(self._capacities)
+        other._rooms = dict(self._rooms)
+        other._largest = self._largest
         other._journal = []
         other._depth = 0
         return other
@@ -291,6 +295,33 @@ class Snapshot:
             return total + len(self.rack_empty[r]) * fitter.capacity(usable, size)
         usables = self.layout.usable
         return total + sum(fitters[i].capacity(usables[i], size) for i in self.rack_empty[r])
+
+    def rack_rooms(self, s: int, size: int) -> dict[int, int]:
+        """Pods of ``size`` cards each rack of supernode ``s`` still holds (do not mutate)."""
+        key = (s, size)
+        version = self.sn_version[s]
+        cached = self._rooms.get(key)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        rooms = {r: self.rack_capacity(r, size) for r in self.layout.sn_racks[s]}
+        self._rooms[key] = (version, rooms)
+        return rooms
+
+    def largest_rack(self, size: int) -> int:
+        """Pods of ``size`` cards the roomiest rack of the layout holds when empty (a floor on
+        the racks a gang needs anywhere)."""
+        found = self._largest.get(size)
+        if found is None:
+            layout = self.layout
+            found = max(
+                (
+                    sum(layout.fitters[i].capacity(layout.usable[i], size) for i in nodes)
+                    for nodes in layout.rack_nodes
+                ),
+                default=0,
+            )
+            self._largest[size] = found
+        return found
 
     def capacity(self, s: int, size: int, group: int = 1) -> int:
         """Pods of ``size`` cards supernode ``s`` still holds, ``group`` of them per rack."""

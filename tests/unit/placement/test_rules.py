@@ -190,6 +190,43 @@ def test_a_rank_group_goes_to_the_rack_with_the_least_room_to_spare() -> None:
     assert {rack_of(a.node) for a in verdict.assignments} == {1}
 
 
+def test_a_training_gang_goes_into_the_fewest_racks_filled_in_rank_order() -> None:
+    """Rack 0 has 2 whole nodes free, rack 1 three, rack 2 four: six whole-node ranks need two
+    racks, the roomiest (rack 2) and, of those that hold the rest, the one with the least room
+    (rack 0, filled first). Fragmentation alone would take the racks with the fewest empty
+    nodes: 0, then 1, then 2 — three racks, five rack crossings around the ring."""
+    topology = supernode("sn-a").racks(3, nodes=4).build()
+    used = ["sn-a-node-00", "sn-a-node-01", "sn-a-node-04"]
+    holdings = [held(n, *range(8)) for n in used]
+    verdict = verdict_of([topology], holdings, gang("ns/j").pods(6, cards=8).build())
+    assert isinstance(verdict, model.Placement)
+    assert [rack_of(a.node) for a in verdict.assignments] == [0, 0, 2, 2, 2, 2]
+
+
+def test_ranks_smaller_than_a_node_fill_one_node_and_rack_before_the_next() -> None:
+    topology = supernode("sn-a").racks(2, nodes=4).build()
+    verdict = verdict_of([topology], [], gang("ns/j").pods(12, cards=4).build())
+    assert isinstance(verdict, model.Placement)
+    nodes = [a.node for a in verdict.assignments]
+    racks = [rack_of(n) for n in nodes]
+    assert (
+        racks[:8] == [racks[0]] * 8 and racks[8:] == [1 - racks[0]] * 4
+    )  # one rack, then the next
+    assert all(nodes[k] == nodes[k + 1] for k in range(0, 12, 2))  # pairs share a node
+
+
+def test_of_the_supernodes_that_hold_a_gang_the_one_needing_fewest_racks_wins() -> None:
+    """sn-a has fewer free cards (the best fit by cards) but holds 4 whole nodes only in two
+    racks; sn-b holds them in one."""
+    topologies = [supernode(f"sn-{x}").racks(2, nodes=4).build() for x in "ab"]
+    used = ["sn-a-node-00", "sn-a-node-01", "sn-a-node-04", "sn-b-node-00", "sn-b-node-01"]
+    holdings = [held(n, *range(8)) for n in used] + [held("sn-a-node-05", 0)]
+    verdict = verdict_of(topologies, holdings, gang("ns/j").pods(4, cards=8).build())
+    assert isinstance(verdict, model.Placement)
+    assert verdict.supernodes == ("sn-b",)
+    assert {rack_of(a.node) for a in verdict.assignments} == {1}
+
+
 def test_inference_replicas_spread_across_racks() -> None:
     topology = supernode("sn-a").racks(3, nodes=4).build()
     holdings = [
