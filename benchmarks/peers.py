@@ -21,7 +21,10 @@ Phases per system: (1) a burst that fills the empty cluster with 8-node gangs at
 bound per second; (2) the trace: gangs arrive over ``--seconds`` (Poisson), each is deleted
 ``duration`` seconds after its last pod was bound — per-gang seconds from creation to every pod
 bound (p50/p99), makespan, card-hours left idle while a gang waited, gangs placed across more
-racks or supernodes than they need, gangs left partly bound; (3) preemption: a high-priority
+racks or supernodes than they need, and locality per training gang from where its pods landed by
+rank (``extra_racks``: racks used minus the fewest that hold it, summed; ``ring_hops``: neighbouring
+ranks, around the ring, on different racks, summed, beside ``ring_hops_min``, the fewest its
+fewest racks allow), gangs left partly bound; (3) preemption: a high-priority
 gang into a cluster full of low-priority gangs — seconds to bind, pods evicted, whether it waited
 for a checkpoint. Durations are seconds, not hours: the figures compare schedulers, not jobs.
 Not in the default phases: (4) ``single``: gangs of 1, 2 and 4 whole nodes submitted one at a
@@ -63,6 +66,8 @@ from matrixpool.k8s import client as k8s_client
 
 NAMESPACE = "peers"
 GANG_LABEL = "bench.matrixpool.dev/gang"
+RANK_LABEL = "bench.matrixpool.dev/rank"  # kube-scheduler's pods (this script makes them)
+JOB_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"  # Kueue's Indexed Job pods
 RUN_FOREVER = {"pod-complete.stage.kwok.x-k8s.io/delay": "24h"}  # kwok completes Job pods
 CONCURRENCY = 32
 PHASES = frozenset({"burst", "trace", "preemption"})  # "single" on request
@@ -308,7 +313,7 @@ class KubeScheduler(System):
                 "kind": "Pod",
                 "metadata": {
                     "name": f"{gang.name}-{rank}",
-                    "labels": {GANG_LABEL: gang.name},
+                    "labels": {GANG_LABEL: gang.name, RANK_LABEL: str(rank)},
                 },
                 "spec": {
                     "schedulingGroup": {"podGroupName": gang.name},
@@ -393,6 +398,7 @@ class Kueue(System):
 class PodRecord:
     gang: str
     cards: int
+    rank: int | None = None  # the pod's rank: matrixpool's label, ours, or the Job's index
     node: str = ""
     bound: float | None = None
     gone: float | None = None
@@ -462,7 +468,17 @@ class Recorder:
                 requests = (pod["spec"]["containers"][0].get("resources") or {}).get(
                     "requests"
                 ) or {}
-                record = self.pods[uid] = PodRecord(gang, int(requests.get(self.card, 0)))
+                rank = next(
+                    (
+                        pod_labels[k]
+                        for k in (labels.RANK, RANK_LABEL, JOB_INDEX_LABEL)
+                        if k in pod_labels
+                    ),
+                    None,
+                )
+                record = self.pods[uid] = PodRecord(
+                    gang, int(requests.get(self.card, 0)), int(rank) if rank is not None else None
+                )
             node = pod["spec"].get("nodeName")
             if node and record.bound is None:
                 record.bound, record.node = at, node
@@ -490,6 +506,7 @@ class GangRun:
     partial_since: float | None = None
     partial: bool = False
     nodes: set[str] = field(default_factory=set)
+    ranks: dict[int, str] = field(default_factory=dict)  # rank → node, once bound whole
 
 
 def run_system(
@@ -663,6 +680,7 @@ def run_trace(
                 if len(bound) >= run.gang.pods:
                     run.bound = max(p.bound or 0 for p in bound)
                     run.nodes = {p.node for p in bound}
+                    run.ranks = {p.rank: p.node for p in bound if p.rank is not None}
                     heapq.heappush(removals, (run.bound + run.gang.duration, name))
                     run.partial_since = None
                 elif bound:
@@ -704,17 +722,25 @@ def summarize(
         if waiting:
             idle += (total_cards - cards) * (t1 - t0)
     spread = spread_serving = 0
+    extra_racks = hops = hops_min = unranked = 0
     for run in runs.values():
         if run.bound is None:
             continue
         racks = {rack_of(n) for n in run.nodes}
         supernodes = {r.rsplit("-rack-", 1)[0] for r in racks}
         nodes = run.gang.nodes_needed(shape.cards_per_node)
-        if len(racks) > math.ceil(nodes / shape.nodes_per_rack) or len(supernodes) > math.ceil(
-            nodes / shape.nodes_per_supernode
-        ):
+        fewest = math.ceil(nodes / shape.nodes_per_rack)
+        if len(racks) > fewest or len(supernodes) > math.ceil(nodes / shape.nodes_per_supernode):
             spread += 1
             spread_serving += run.gang.serving
+        if run.gang.serving:
+            continue
+        extra_racks += len(racks) - fewest
+        if len(run.ranks) < run.gang.pods:
+            unranked += 1
+            continue
+        hops += ring_hops([rack_of(run.ranks[k]) for k in range(run.gang.pods)])
+        hops_min += fewest if fewest > 1 else 0
     never = sum(1 for r in runs.values() if r.bound is None)
     return {
         "gangs": len(runs),
@@ -729,6 +755,10 @@ def summarize(
         # of which inference groups (matrixpool spreads an InferenceService's pods across racks
         # on purpose: DESIGN.md, placement rules)
         "spread_inference_groups": spread_serving,
+        "extra_racks": extra_racks,
+        "ring_hops": hops,
+        "ring_hops_min": hops_min,
+        "gangs_without_ranks": unranked,
         "utilisation": [(round(t, 2), c) for t, c, _ in samples[:: max(1, len(samples) // 600)]],
     }
 
@@ -772,6 +802,13 @@ def bound_pods(recorder: Recorder, gangs: set[str]) -> int:
         return sum(
             1 for p in recorder.pods.values() if p.gang in gangs and p.bound and p.gone is None
         )
+
+
+def ring_hops(racks: list[str]) -> int:
+    """Neighbouring ranks of a ring (the last next to the first) on different racks."""
+    if len(racks) < 2:
+        return 0
+    return sum(1 for a, b in zip(racks, racks[1:] + racks[:1], strict=True) if a != b)
 
 
 def rack_of(node: str) -> str:
@@ -932,8 +969,9 @@ def main() -> int:
 
 
 def goals(systems: dict[str, Any]) -> dict[str, Any]:
-    """Ratios from this run: per-gang p50 against the better peer, pods per second against
-    kube-scheduler, idle card-hours against the better peer, partly bound gangs."""
+    """Ratios from this run: per-gang p50 against the better peer and against kube-scheduler,
+    pods per second against kube-scheduler, idle card-hours against the better peer, partly
+    bound gangs, extra racks against Kueue's and kube-scheduler's (issue 34's goals)."""
     ours = systems.get("matrixpool") or {}
     peers = [
         systems[p]
@@ -952,6 +990,17 @@ def goals(systems: dict[str, Any]) -> dict[str, Any]:
         )
         result["partial_gangs"] = ours["partial_gangs"]
     kube = systems.get("kube-scheduler") or {}
+    queue = systems.get("kueue") or {}
+    if "extra_racks" in ours:
+        for name, peer in (("kueue", queue), ("kube_scheduler", kube)):
+            if "extra_racks" in peer:
+                result[f"extra_racks_vs_{name}"] = (
+                    round(ours["extra_racks"] / peer["extra_racks"], 3)
+                    if peer["extra_racks"]
+                    else (0.0 if not ours["extra_racks"] else None)
+                )
+    if ours.get("gang_p50_s") and kube.get("gang_p50_s"):
+        result["p50_vs_kube_scheduler"] = round(ours["gang_p50_s"] / kube["gang_p50_s"], 3)
     if "pods_per_second" in kube:
         result["pods_per_second_vs_kube_scheduler"] = round(
             ours["pods_per_second"] / kube["pods_per_second"], 3
