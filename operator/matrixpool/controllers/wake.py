@@ -1,11 +1,15 @@
 """What wakes the main loop before its next tick: a workload created, deleted or given a new
-spec, and a gang's pod gone (its cards are free for a gang that waits).
+spec; a gang's pod gone (its cards are free for a gang that waits); a Node whose facts changed
+(Ready, cordoned, unhealthy cards, labels, taints, allocatable: what
+:func:`matrixpool.k8s.convert.node_info` reads, so a heartbeat alone is no news); a checkpoint
+daemon's Lease that appeared, went, or announces another endpoint or start.
 
 Without it a new job waits up to :data:`matrixpool.controllers.loop.CYCLE_SECONDS` for the next
-pass. The loop still ticks on its own (node health, leases, time-sharing windows and retries
-need no event); a wake only brings the next pass forward, and wakes that come during a pass
-make one more pass, never one each. Our own writes wake nothing: a status patch keeps the
-generation, a created or bound pod is no deletion.
+pass, and a node fault for the next tick, so detection would grow with the length of a pass at
+scale. The loop still ticks on its own (a Lease that expires, a node that stops heartbeating,
+time-sharing windows and retries send no event); a wake only brings the next pass forward, and
+wakes that come during a pass make one more pass, never one each. Our own writes wake nothing:
+a status patch keeps the generation, a created or bound pod is no deletion.
 
 kopf updates its indexes before it calls these handlers for the same event, so the pass a wake
 starts already sees what woke it. The :class:`Wake` lives in kopf's operator memo (one per
@@ -22,6 +26,8 @@ import kopf
 
 from matrixpool import api
 from matrixpool.api import inferenceservice, labels, trainingjob
+from matrixpool.k8s import client as k8s_client
+from matrixpool.k8s import convert, daemonleases
 
 MEMO_KEY = "wake"
 
@@ -32,6 +38,7 @@ class Wake:
     def __init__(self) -> None:
         self.event = asyncio.Event()
         self.generations: dict[str, int | None] = {}
+        self.facts: dict[str, object] = {}  # "node/<name>", "lease/<name>" → what it said last
 
     def news(self, type: str | None, uid: str, generation: int | None) -> bool:
         """Whether this event of a workload changes what the scheduler wants."""
@@ -44,6 +51,22 @@ class Wake:
             self.generations.pop(uid, None)
         else:
             self.generations[uid] = generation
+        self.event.set()
+
+    def changed(self, type: str | None, key: str, facts: object) -> bool:
+        """Whether this event of a Node or Lease (``key``) says something new: facts (not None)
+        not seen before, facts other than those seen, or a deletion of one seen."""
+        if type == "DELETED":
+            return key in self.facts
+        if key not in self.facts:
+            return facts is not None
+        return self.facts[key] != facts
+
+    def noted(self, type: str | None, key: str, facts: object) -> None:
+        if type == "DELETED":
+            self.facts.pop(key, None)
+        else:
+            self.facts[key] = facts
         self.event.set()
 
     def ring(self) -> None:
@@ -68,7 +91,10 @@ def of(memo: Any) -> Wake | None:
 class _Quiet(logging.Filter):
     """kopf logs every handler call it makes; a wake is no news for anyone reading the log."""
 
-    QUIET = ("Handler 'workload_changed' succeeded.", "Handler 'pod_gone' succeeded.")
+    QUIET = tuple(
+        f"Handler '{h}' succeeded."
+        for h in ("workload_changed", "pod_gone", "node_changed", "daemon_lease_changed")
+    )
 
     def filter(self, record: logging.LogRecord) -> bool:
         return record.getMessage() not in self.QUIET
@@ -106,3 +132,54 @@ async def pod_gone(memo: kopf.Memo, **_: Any) -> None:
     wake = of(memo)
     if wake is not None:
         wake.ring()
+
+
+def _node(name: str, body: kopf.Body) -> tuple[str, object]:
+    facts = convert.node_info(
+        name,
+        body.get("metadata", {}).get("labels") or {},
+        body.get("metadata", {}).get("annotations") or {},
+        body.get("spec") or {},
+        body.get("status") or {},
+    )
+    return f"node/{name}", facts
+
+
+def _node_news(type: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> bool:
+    wake = of(memo)
+    return wake is not None and wake.changed(type, *_node(name, body))
+
+
+@kopf.on.event("", "v1", "nodes", when=_node_news)
+async def node_changed(
+    type: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any
+) -> None:
+    wake = of(memo)
+    if wake is not None:
+        wake.noted(type, *_node(name, body))
+
+
+def _lease(name: str, body: kopf.Body) -> tuple[str, object]:
+    meta = body.get("metadata") or {}
+    found = daemonleases.parse(name, meta.get("annotations") or {}, body.get("spec") or {})
+    said = (found.node, found.endpoint, found.duration, found.started) if found else None
+    return f"lease/{name}", said  # a renewal alone is no news
+
+
+def _lease_news(
+    type: str | None, name: str, namespace: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any
+) -> bool:
+    wake = of(memo)
+    ours = namespace == k8s_client.operator_namespace()
+    return ours and wake is not None and wake.changed(type, *_lease(name, body))
+
+
+@kopf.on.event(
+    "coordination.k8s.io", "v1", "leases", labels={labels.CKPT_DAEMON: "true"}, when=_lease_news
+)
+async def daemon_lease_changed(
+    type: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any
+) -> None:
+    wake = of(memo)
+    if wake is not None:
+        wake.noted(type, *_lease(name, body))

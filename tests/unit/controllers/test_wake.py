@@ -8,6 +8,7 @@ import logging
 import kopf
 
 from matrixpool.controllers import wake
+from matrixpool.k8s import daemonleases
 
 
 def test_a_new_job_a_new_spec_and_a_deletion_are_news_a_status_patch_is_not() -> None:
@@ -68,3 +69,80 @@ def test_the_handlers_ring_the_operators_alarm_and_log_nothing() -> None:
         "kopf.objects", logging.INFO, "", 0, "Handler 'x' succeeded.", None, None
     )
     assert all(f.filter(other) for f in quiet)
+
+
+def node_body(ready: str = "True", unhealthy: str = "", beat: str = "t0") -> kopf.Body:
+    annotations = {"matrixpool.dev/unhealthy-cards": unhealthy} if unhealthy else {}
+    return kopf.Body(
+        {
+            "metadata": {
+                "name": "n1",
+                "labels": {"matrixpool.dev/rack": "r0"},
+                "annotations": annotations,
+            },
+            "spec": {},
+            "status": {
+                "allocatable": {"huawei.com/Ascend910": "8"},
+                "conditions": [{"type": "Ready", "status": ready, "lastHeartbeatTime": beat}],
+            },
+        }
+    )
+
+
+def test_a_node_wakes_the_loop_when_its_health_changes_not_on_a_heartbeat() -> None:
+    memo = kopf.Memo()
+    wake.install(memo=memo)
+    alarm = wake.of(memo)
+    assert alarm is not None
+
+    def news(type: str | None, body: kopf.Body) -> bool:
+        found = wake._node_news(type=type, name="n1", body=body, memo=memo)
+        if found:
+            asyncio.run(wake.node_changed(type=type, name="n1", body=body, memo=memo))
+        return found
+
+    assert news(None, node_body())  # first seen (the listing)
+    assert not news("MODIFIED", node_body(beat="t1"))  # a heartbeat: nothing the loop reads
+    assert news("MODIFIED", node_body(ready="False", beat="t2"))  # the fault
+    assert not news("MODIFIED", node_body(ready="False", beat="t3"))
+    assert news("MODIFIED", node_body(ready="False", unhealthy="3", beat="t4"))
+    assert news("DELETED", node_body(ready="False", unhealthy="3"))
+    assert not news("DELETED", node_body())  # gone already
+    assert alarm.event.is_set()
+
+
+def test_a_daemon_lease_wakes_the_loop_when_it_appears_restarts_or_goes_not_on_renewal() -> None:
+    memo = kopf.Memo()
+    wake.install(memo=memo)
+
+    def lease(renewed: str, acquired: str = "2026-12-05T08:00:00.000000Z") -> kopf.Body:
+        return kopf.Body(
+            {
+                "metadata": {
+                    "name": daemonleases.lease_name("n1"),
+                    "annotations": {"matrixpool.dev/ckpt-endpoint": "127.1.0.1:7070"},
+                },
+                "spec": {
+                    "holderIdentity": "n1",
+                    "leaseDurationSeconds": 10,
+                    "acquireTime": acquired,
+                    "renewTime": renewed,
+                },
+            }
+        )
+
+    def news(type: str | None, body: kopf.Body, namespace: str = "default") -> bool:
+        name = daemonleases.lease_name("n1")
+        found = wake._lease_news(type=type, name=name, namespace=namespace, body=body, memo=memo)
+        if found:
+            asyncio.run(wake.daemon_lease_changed(type=type, name=name, body=body, memo=memo))
+        return found
+
+    first = lease("2026-12-05T08:00:00.000000Z")
+    assert not news("ADDED", kopf.Body({"metadata": {"name": "x"}, "spec": {}}))  # says nothing
+    assert not news("ADDED", first, namespace="elsewhere")  # not the operator's namespace
+    assert news("ADDED", first)
+    assert not news("MODIFIED", lease("2026-12-05T08:00:05.000000Z"))  # a renewal
+    restarted = lease("2026-12-05T08:01:00.000000Z", acquired="2026-12-05T08:01:00.000000Z")
+    assert news("MODIFIED", restarted)
+    assert news("DELETED", restarted)
