@@ -1,7 +1,7 @@
 """The ``matrixpool`` command: ``run`` (the operator), ``cluster`` (the local control plane),
-``demo`` and ``simulate`` (the goodput simulator). Each subcommand imports what it needs only
-when it runs, so ``matrixpool cluster`` never loads kopf and ``matrixpool run`` never loads the
-dev cluster.
+``demo`` and ``simulate`` (the goodput simulator), ``export topology`` (the tiers for Kueue or
+Volcano). Each subcommand imports what it needs only when it runs, so ``matrixpool cluster``
+never loads kopf and ``matrixpool run`` never loads the dev cluster.
 """
 
 from __future__ import annotations
@@ -280,6 +280,23 @@ def _parser() -> argparse.ArgumentParser:
         help="a URL is read twice, S seconds apart: rates and the latency in between (default 5)",
     )
     reads.set_defaults(handler=_readings)
+    exports = commands.add_parser(
+        "export", help="matrixpool's view of the cluster in other tools' objects"
+    ).add_subparsers(title="exports")
+    tiers = exports.add_parser(
+        "topology",
+        help="the SuperNodes' tiers as a Kueue Topology and ResourceFlavors or Volcano "
+        "HyperNodes, for kubectl apply -f - (docs/interop.md)",
+    )
+    tiers.add_argument("--format", required=True, choices=["kueue", "volcano"])
+    tiers.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
+    tiers.add_argument(
+        "--prefix",
+        default="matrixpool",
+        help="start of the Kueue objects' names (default %(default)s)",
+    )
+    tiers.add_argument("--kubeconfig", type=Path, help="kubeconfig file (default: $KUBECONFIG)")
+    tiers.set_defaults(handler=_export_topology)
     for name in PLUGIN_COMMANDS:  # delegated before parsing; listed here for --help
         commands.add_parser(name, help=f"same as kubectl matrixpool {name} (see its --help)")
     return parser
@@ -311,6 +328,36 @@ def _readings(args: argparse.Namespace) -> int:
         time.sleep(max(0.0, args.interval))
         before, now = first, read()
     print(json.dumps(readings.summary(now, before), indent=2))
+    return 0
+
+
+def _export_topology(args: argparse.Namespace) -> int:
+    """Read the SuperNodes and Nodes, print the peer's objects; warnings on stderr."""
+    import yaml
+
+    from matrixpool import api as mp_api
+    from matrixpool.api import supernode
+    from matrixpool.interop import topology as interop
+    from matrixpool.k8s import client as k8s_client
+
+    api = k8s_client.from_kubeconfig(args.kubeconfig)
+    try:
+        plural = supernode.PLURAL
+        supernodes = api.custom.list_cluster_custom_object(mp_api.GROUP, mp_api.VERSION, plural)
+        response = api.core.list_node(_preload_content=False)
+        nodes = json.loads(response.data)["items"]
+    finally:
+        api.client.close()
+    result = interop.export(args.format, interop.pools(supernodes["items"], nodes), args.prefix)
+    for warning in result.warnings:
+        print(f"matrixpool: warning: {warning}", file=sys.stderr)
+    if not result.objects:
+        print("matrixpool: error: no SuperNode to export", file=sys.stderr)
+        return 1
+    if args.output == "json":
+        print(json.dumps({"apiVersion": "v1", "kind": "List", "items": result.objects}, indent=2))
+    else:
+        print(yaml.safe_dump_all(result.objects, sort_keys=False), end="")
     return 0
 
 
