@@ -216,7 +216,7 @@ def _paths(pool: Pool) -> list[tuple[str, ...]]:
         if all(k in n.labels for k in pool.topology_keys)
     }
     paths = {path[:depth] for path in full for depth in range(1, len(path) + 1)}
-    return sorted(paths, key=lambda p: (len(p), p))
+    return sorted(paths, key=lambda p: (len(p), [_natural(v) for v in p]))
 
 
 def _node_members(pool: Pool, path: tuple[str, ...]) -> list[Body]:
@@ -263,6 +263,12 @@ def _missing(pool: Pool, keys: Iterable[str], peer: str) -> list[str]:
                 f"{key} ({shown}); {peer} leaves them out"
             )
     return warnings
+
+
+def _natural(value: str) -> tuple[tuple[int, str], ...]:
+    """Sort key putting rack-2 before rack-10."""
+    parts = re.split(r"(\d+)", value)
+    return tuple((int(part), "") if part.isdigit() else (-1, part) for part in parts)
 
 
 def _tail(key: str) -> str:

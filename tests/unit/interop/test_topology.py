@@ -239,6 +239,13 @@ def test_volcano_tiers_count_from_the_finest_and_supernodes_share_the_top_tier()
     assert volcano_violations(result.objects) == []
 
 
+def test_volcano_racks_in_number_order() -> None:
+    result = interop.volcano(interop.pools([supernode("sn-0")], rack_nodes("sn-0", 11, 1)))
+    members = [m["selector"]["exactMatch"]["name"] for m in result.objects[0]["spec"]["members"]]
+    assert members == [f"sn-0-rack-{r}" for r in range(11)]
+    assert [o["metadata"]["name"] for o in result.objects[1:]] == members
+
+
 def test_volcano_a_supernode_selected_by_expressions_lists_its_nodes_by_name() -> None:
     by_expression = {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["big"]}]}
     nodes = rack_nodes("sn-x", 1, pool="big") + rack_nodes("other", 1)
