@@ -172,6 +172,7 @@ class GangBuilder:
     floor: int | None = None
     preemptible: bool = True
     needs: nodefit.Needs = nodefit.NO_NEEDS
+    lost_s: float = 0.0
 
     def pods(self, count: int, cards: int) -> GangBuilder:
         return dataclasses.replace(self, sizes=self.sizes + (cards,) * count)
@@ -196,6 +197,10 @@ class GangBuilder:
 
     def not_preemptible(self) -> GangBuilder:
         return dataclasses.replace(self, preemptible=False)
+
+    def loses(self, seconds: float) -> GangBuilder:
+        """Each of its cards loses ``seconds`` of work if it stops now."""
+        return dataclasses.replace(self, lost_s=seconds)
 
     def asks(self, **resources: str) -> GangBuilder:
         """Each pod requests these besides cards (``cpu="10", memory="8Gi"``)."""
@@ -236,6 +241,7 @@ class GangBuilder:
             min_pods=self.floor,
             preemptible=self.preemptible,
             needs=self.needs,
+            lost_work_per_card_s=self.lost_s,
         )
 
 

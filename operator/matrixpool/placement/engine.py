@@ -21,7 +21,8 @@ Rules of DESIGN.md's scheduling contract, and where they live:
   affinity: :mod:`matrixpool.placement.nodefit`): ``Snapshot.restrict`` hides the nodes a pod
   of the gang may not go to, and a gang that does not fit says which of these kept nodes out
   (:mod:`matrixpool.placement.diagnose`);
-- preemption of strictly lower priorities: :mod:`matrixpool.placement.preemption`.
+- preemption of strictly lower priorities, the least lost work inside the domain the gang goes
+  to: :mod:`matrixpool.placement.preemption`.
 
 Pods of a gang that already hold cards (a gang half-bound when the operator died) keep them;
 only the rest is placed, in the same supernode when the gang is ``Required``.
@@ -29,7 +30,6 @@ only the rest is placed, in the same supernode when the gang is ``Required``.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 
 from matrixpool.placement import choose, diagnose, firstfit, nodefit, preemption, servable
@@ -105,12 +105,17 @@ def place(snapshot: Snapshot, gang: GangRequest) -> Placement | Unplaceable:
 
 
 def preempt(
-    snapshot: Snapshot, gang: GangRequest, victims: Mapping[GangKey, GangRequest]
+    snapshot: Snapshot,
+    gang: GangRequest,
+    victims: Mapping[GangKey, GangRequest],
+    rule: preemption.Rule = preemption.LEAST_LOST_WORK,
 ) -> Preemption | Unplaceable:
     """Room for ``gang`` made by shrinking, then evicting, gangs of strictly lower priority.
 
-    ``victims`` holds the requests of the gangs that hold cards (their priority, elasticity and
-    rank order). The answer is verified on a copy of ``snapshot``, which stays unchanged.
+    ``victims`` holds the requests of the gangs that hold cards (their priority, elasticity,
+    rank order and lost work per card). ``rule`` picks the plan (:mod:`.preemption`; the
+    least lost work by default). The answer is verified on a copy of ``snapshot``, which
+    stays unchanged.
     """
     # 1. a spec that can never be served is not helped by evictions
     never = _never(snapshot, gang)
@@ -120,16 +125,10 @@ def preempt(
     placed = _as_placement(place(sim, gang))
     if placed is not None:
         return Preemption(placed)
-    # 2. in each scope (one per supernode for an unnamed Required gang), the cheapest plan
-    plans = [
-        plan
-        for scoped, candidates in _scopes(sim, gang, victims)
-        if (plan := preemption.cheapest(sim, scoped, candidates, _fits)) is not None
-    ]
-    # 3. the plan with the fewest victims wins
-    if not plans:
+    # 2. the cheapest plan by the rule, over every scope (supernodes, racks)
+    best = preemption.best(sim, gang, victims, _fits, rule)
+    if best is None:
         return Unplaceable(gang.gang, (_why(snapshot, gang, gang.pods), _no_victims(gang)))
-    best = min(plans, key=preemption.Plan.cost)
     return Preemption(best.placement, dict(best.shrink), best.evict)
 
 
@@ -329,49 +328,6 @@ def _fits(snap: Snapshot, gang: GangRequest) -> Placement | None:
 
 def _as_placement(verdict: Placement | Unplaceable) -> Placement | None:
     return verdict if isinstance(verdict, Placement) else None
-
-
-def _scopes(
-    snap: Snapshot, gang: GangRequest, victims: Mapping[GangKey, GangRequest]
-) -> Iterator[tuple[GangRequest, list[GangRequest]]]:
-    """(gang as placed in the scope, its candidate victims): strictly lower priority,
-    preemptible, holding cards in the scope."""
-    layout = snap.layout
-    candidates = [
-        v
-        for key, v in sorted(victims.items())
-        if key != gang.gang
-        and v.preemptible
-        and v.priority < gang.priority
-        and _held_below(snap, key, gang.priority)
-    ]
-    if gang.affinity is Affinity.PREFERRED:
-        yield gang, candidates
-        return
-    need = sum(p.cards for p in gang.pods)
-    names = [gang.supernode] if gang.supernode else layout.sn_names
-    for name in names:
-        s = layout.sn_index.get(name)
-        if s is None:
-            continue
-        here = [v for v in candidates if _cards_in(snap, v.gang, s)]
-        if here and snap.sn_free[s] + sum(_cards_in(snap, v.gang, s) for v in here) >= need:
-            yield dataclasses.replace(gang, supernode=name), here
-
-
-def _held_below(snap: Snapshot, gang: GangKey, priority: int) -> bool:
-    pods = snap.held.get(gang, {})
-    return bool(pods) and all(held[2] < priority for held in pods.values())
-
-
-def _cards_in(snap: Snapshot, gang: GangKey, s: int) -> int:
-    """Usable cards ``gang`` holds in supernode ``s``."""
-    layout = snap.layout
-    return sum(
-        (mask & layout.usable[i]).bit_count()
-        for i, mask, *_ in snap.held.get(gang, {}).values()
-        if i >= 0 and layout.node_sn[i] == s and layout.node_rack[i] >= 0
-    )
 
 
 def _no_victims(gang: GangRequest) -> Reason:

@@ -90,6 +90,9 @@ class GangRequest:
     preemptible: bool = True  # may lose cards to strictly higher priorities
     cards_field: str = "spec.cardsPerReplica"  # spec field of the pod cards, named in reasons
     needs: nodefit.Needs = nodefit.NO_NEEDS  # what each pod asks of its node besides cards
+    # seconds of work each of its cards loses if it stops now (since its last committed
+    # checkpoint, or since it started); the controller computes it from its clock
+    lost_work_per_card_s: float = 0.0
 
 
 @dataclass(frozen=True)
