@@ -11,9 +11,8 @@ tests/unit/interop/test_topology.py. Tiers, coarse to fine: the supernode (node 
   v0.17 wants 1..8 nodeLabels on a TAS flavor and keeps them immutable, so one flavor cannot
   select several supernodes; a ClusterQueue lists the supernodes' flavors instead.
 - :func:`volcano`: Volcano ``HyperNode``s: one per domain of the finest topology key holding its
-  nodes (by label selector, or by exact name when the SuperNode selects with matchExpressions),
-  one per coarser domain holding the finer HyperNodes, one per supernode; tiers numbered from the
-  finest (1), the supernodes all on one tier above the deepest key.
+  nodes by exact name, one per coarser domain holding the finer HyperNodes, one per supernode;
+  tiers numbered from the finest (1), the supernodes all on one tier above the deepest key.
 
 What the peers would not see (a member node lacking a level's label, a supernode without
 nodes) comes back as ``Export.warnings``, beside the objects.
@@ -220,19 +219,11 @@ def _paths(pool: Pool) -> list[tuple[str, ...]]:
 
 
 def _node_members(pool: Pool, path: tuple[str, ...]) -> list[Body]:
-    """The nodes of one finest domain: a label selector (the supernode's matchLabels and the
-    domain's keys), or, when the SuperNode selects with matchExpressions, each node by name."""
+    """The nodes of one finest domain, each by exact name: Volcano's admission webhook takes
+    only exactMatch or regexMatch members (it refuses labelMatch, which its CRD allows)."""
     domain = dict(zip(pool.topology_keys, path, strict=True))
-    if pool.selector.match_expressions:
-        names = [
-            n.name
-            for n in pool.nodes
-            if all(n.labels.get(k) == v for k, v in domain.items())
-            and all(k in n.labels for k in pool.topology_keys)
-        ]
-        return [{"type": "Node", "selector": {"exactMatch": {"name": n}}} for n in names]
-    match = {**pool.selector.match_labels, **domain}
-    return [{"type": "Node", "selector": {"labelMatch": {"matchLabels": match}}}]
+    names = [n.name for n in pool.nodes if all(n.labels.get(k) == v for k, v in domain.items())]
+    return [{"type": "Node", "selector": {"exactMatch": {"name": name}}} for name in names]
 
 
 def _hypernode_member(name: str) -> Body:

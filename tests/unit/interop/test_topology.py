@@ -6,7 +6,8 @@ repository holds no Volcano CRD, so :func:`volcano_violations` checks the HyperN
 what Volcano v1.14's HyperNode schema requires (volcano.sh/apis, topology/v1alpha1: ``tier``
 required and ≥ 0, ``members`` ≥ 1 item, member ``type`` Node or HyperNode, exactly one of
 ``exactMatch``/``regexMatch``/``labelMatch``, ``exactMatch.name`` a DNS-1123 subdomain,
-``labelMatch`` for Node members only), and that the tiers form a tree.
+``labelMatch`` for Node members only), plus its admission webhook's rule that a member selects
+by ``exactMatch`` or ``regexMatch`` (it refuses ``labelMatch``), and that the tiers form a tree.
 """
 
 from __future__ import annotations
@@ -176,8 +177,7 @@ def test_volcano_a_hypernode_per_rack_holding_its_nodes_and_one_per_supernode() 
     assert result.warnings == []
     meta = {"app.kubernetes.io/managed-by": "matrixpool", labels.SUPERNODE: "sn-0"}
 
-    def rack(name: str) -> dict[str, Any]:
-        match = {labels.SUPERNODE: "sn-0", labels.RACK: name}
+    def rack(name: str, *nodes: int) -> dict[str, Any]:
         return {
             "apiVersion": "topology.volcano.sh/v1alpha1",
             "kind": "HyperNode",
@@ -185,7 +185,10 @@ def test_volcano_a_hypernode_per_rack_holding_its_nodes_and_one_per_supernode() 
             "spec": {
                 "tier": 1,
                 "tierName": "rack",
-                "members": [{"type": "Node", "selector": {"labelMatch": {"matchLabels": match}}}],
+                "members": [
+                    {"type": "Node", "selector": {"exactMatch": {"name": f"sn-0-node-{n}"}}}
+                    for n in nodes
+                ],
             },
         }
 
@@ -203,8 +206,8 @@ def test_volcano_a_hypernode_per_rack_holding_its_nodes_and_one_per_supernode() 
                 ],
             },
         },
-        rack("sn-0-rack-0"),
-        rack("sn-0-rack-1"),
+        rack("sn-0-rack-0", 0, 1),
+        rack("sn-0-rack-1", 2, 3),
     ]
     assert volcano_violations(result.objects) == []
 
@@ -234,8 +237,8 @@ def test_volcano_tiers_count_from_the_finest_and_supernodes_share_the_top_tier()
         "sn-a-rack-0",
         "sn-a-rack-1",
     ]
-    racks = result.objects[2]["spec"]["members"][0]["selector"]["labelMatch"]["matchLabels"]
-    assert racks == {labels.SUPERNODE: "sn-a", BLOCK: "b0", labels.RACK: "sn-a-rack-0"}
+    rack = result.objects[5]["spec"]["members"]
+    assert rack == [{"type": "Node", "selector": {"exactMatch": {"name": "b-1"}}}]
     assert volcano_violations(result.objects) == []
 
 
@@ -246,7 +249,7 @@ def test_volcano_racks_in_number_order() -> None:
     assert [o["metadata"]["name"] for o in result.objects[1:]] == members
 
 
-def test_volcano_a_supernode_selected_by_expressions_lists_its_nodes_by_name() -> None:
+def test_volcano_a_supernode_selected_by_expressions_holds_only_its_own_nodes() -> None:
     by_expression = {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["big"]}]}
     nodes = rack_nodes("sn-x", 1, pool="big") + rack_nodes("other", 1)
     result = interop.volcano(interop.pools([supernode("sn-x", selector=by_expression)], nodes))
@@ -321,8 +324,8 @@ def _member_violations(
     chosen = [k for k in ("exactMatch", "regexMatch", "labelMatch") if k in selector]
     if member.get("type") not in ("Node", "HyperNode") or len(chosen) != 1:
         return [f"{name}: member {member}: type Node|HyperNode and exactly one selector"]
-    if chosen == ["labelMatch"] and member["type"] != "Node":
-        return [f"{name}: labelMatch selects Node members only"]
+    if chosen == ["labelMatch"]:
+        return [f"{name}: Volcano's webhook wants exactMatch or regexMatch, not labelMatch"]
     if chosen == ["exactMatch"]:
         target = selector["exactMatch"].get("name", "")
         if not DNS_SUBDOMAIN.match(target):
