@@ -30,13 +30,20 @@ def node(name: str, **node_labels: str) -> dict[str, Any]:
     return {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **node_labels}}}
 
 
-def rack_nodes(supernode: str, racks: int, per_rack: int = 2, **extra: str) -> list[dict[str, Any]]:
-    """Nodes ``<sn>-node-<i>`` labelled with their supernode and rack ``<sn>-rack-<j>``."""
+def rack_nodes(
+    supernode: str, racks: int, *, per_rack: int = 2, extra: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """Nodes ``<sn>-node-<i>`` labelled with their supernode, rack ``<sn>-rack-<j>`` and
+    ``extra``."""
     nodes = []
     for i in range(racks * per_rack):
         body = node(f"{supernode}-node-{i}")
         body["metadata"]["labels"].update(
-            {labels.SUPERNODE: supernode, labels.RACK: f"{supernode}-rack-{i // per_rack}", **extra}
+            {
+                labels.SUPERNODE: supernode,
+                labels.RACK: f"{supernode}-rack-{i // per_rack}",
+                **(extra or {}),
+            }
         )
         nodes.append(body)
     return nodes
@@ -113,7 +120,9 @@ def test_kueue_one_topology_supernode_rack_hostname_and_a_flavor_per_supernode()
 
 def test_kueue_a_topology_per_list_of_keys_with_the_hostname_once_and_last() -> None:
     """sn-a: block then rack; sn-b: rack only; sn-c names the hostname itself as a key."""
-    nodes = rack_nodes("sn-a", 1, **{BLOCK: "b0"}) + rack_nodes("sn-b", 1) + rack_nodes("sn-c", 1)
+    nodes = (
+        rack_nodes("sn-a", 1, extra={BLOCK: "b0"}) + rack_nodes("sn-b", 1) + rack_nodes("sn-c", 1)
+    )
     pools = interop.pools(
         [
             supernode("sn-a", (BLOCK, labels.RACK)),
@@ -143,7 +152,7 @@ def test_kueue_a_selector_by_expressions_takes_the_supernode_label_its_nodes_sha
         "matchExpressions": [{"key": "pool", "operator": "In", "values": ["big"]}],
     }
     pools = interop.pools(
-        [supernode("sn-x", selector=by_expression)], rack_nodes("sn-x", 2, pool="big")
+        [supernode("sn-x", selector=by_expression)], rack_nodes("sn-x", 2, extra={"pool": "big"})
     )
     (flavor,) = [o for o in interop.kueue(pools).objects if o["kind"] == "ResourceFlavor"]
     assert flavor["spec"]["nodeLabels"] == {labels.SUPERNODE: "sn-x"}
@@ -151,7 +160,7 @@ def test_kueue_a_selector_by_expressions_takes_the_supernode_label_its_nodes_sha
 
 def test_kueue_no_flavor_when_no_exact_label_selects_the_supernode_and_it_says_why() -> None:
     by_expression = {"matchExpressions": [{"key": "pool", "operator": "Exists"}]}
-    nodes = rack_nodes("sn-x", 1, pool="a") + rack_nodes("sn-y", 1, pool="b")
+    nodes = rack_nodes("sn-x", 1, extra={"pool": "a"}) + rack_nodes("sn-y", 1, extra={"pool": "b"})
     result = interop.kueue(interop.pools([supernode("mixed", selector=by_expression)], nodes))
     assert kinds(result.objects) == [("Topology", "matrixpool-supernode-rack")]
     assert result.warnings == [
@@ -216,7 +225,7 @@ def test_volcano_tiers_count_from_the_finest_and_supernodes_share_the_top_tier()
     """sn-a has blocks of racks (tiers 1, 2), sn-b racks only (tier 1): both supernodes on 3.
     Rack values that do not start with the supernode's name are prefixed with it."""
     nodes = [
-        *rack_nodes("sn-a", 2, **{BLOCK: "b0"}),
+        *rack_nodes("sn-a", 2, extra={BLOCK: "b0"}),
         {"metadata": {"name": "b-1", "labels": {labels.SUPERNODE: "sn-b", labels.RACK: "R_1"}}},
     ]
     pools = interop.pools([supernode("sn-a", (BLOCK, labels.RACK)), supernode("sn-b")], nodes)
@@ -243,7 +252,7 @@ def test_volcano_tiers_count_from_the_finest_and_supernodes_share_the_top_tier()
 
 
 def test_volcano_racks_in_number_order() -> None:
-    result = interop.volcano(interop.pools([supernode("sn-0")], rack_nodes("sn-0", 11, 1)))
+    result = interop.volcano(interop.pools([supernode("sn-0")], rack_nodes("sn-0", 11, per_rack=1)))
     members = [m["selector"]["exactMatch"]["name"] for m in result.objects[0]["spec"]["members"]]
     assert members == [f"sn-0-rack-{r}" for r in range(11)]
     assert [o["metadata"]["name"] for o in result.objects[1:]] == members
@@ -251,7 +260,7 @@ def test_volcano_racks_in_number_order() -> None:
 
 def test_volcano_a_supernode_selected_by_expressions_holds_only_its_own_nodes() -> None:
     by_expression = {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["big"]}]}
-    nodes = rack_nodes("sn-x", 1, pool="big") + rack_nodes("other", 1)
+    nodes = rack_nodes("sn-x", 1, extra={"pool": "big"}) + rack_nodes("other", 1)
     result = interop.volcano(interop.pools([supernode("sn-x", selector=by_expression)], nodes))
     rack = result.objects[1]
     assert rack["spec"]["members"] == [
