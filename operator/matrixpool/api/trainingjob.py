@@ -399,6 +399,10 @@ class CheckpointSteps(common.ApiModel):
     """Newest step on local disk."""
     persistent: int | None = Field(default=None, ge=0)
     """Newest step in persistent storage."""
+    committed_at: datetime | None = None
+    """When the operator first saw the newest of these steps committed (its poll of the
+    daemons: within a few seconds of the commit); absent: none seen yet. Preemption reads it
+    as the time after which a victim's work would be lost."""
 
 
 Rank = Annotated[int, Field(ge=0, le=MAX_RANKS - 1)]  # a rank of a gang, 0..replicas-1

@@ -1,7 +1,9 @@
-"""``status.checkpoints`` (the newest step committed for every rank, per tier) kept fresh: the
-daemons of a running job's nodes are asked every :data:`POLL_SECONDS`, in a task of its own
-(:func:`poll_checkpoints`, called by :func:`.controller.step` for a job with no fault). What it
-last wrote is remembered in :attr:`.memory.State.checkpoints`, read by :mod:`.decide`.
+"""``status.checkpoints`` kept fresh: the newest step committed for every rank, per tier, and
+``committedAt``, when the newest of them was first seen (preemption counts a victim's lost work
+from it). The daemons of a running job's nodes are asked every :data:`POLL_SECONDS`, in a task
+of its own (:func:`poll_checkpoints`, called by :func:`.controller.step` for a job with no
+fault). What it last wrote is remembered in :attr:`.memory.State.checkpoints`, read by
+:mod:`.decide`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from matrixpool.state import world as read_model
 from matrixpool.state.workloads import Workload
 
 POLL_SECONDS = 2.0  # status.checkpoints refresh period per running job
+TIERS = ("memory", "local", "persistent")
 
 
 def poll_checkpoints(
@@ -60,12 +63,26 @@ async def _poll(
     found = await act.inventory(workload.uid, dict(endpoints), persistent)
     committed = found.committed(world_size)
     known = state.checkpoints.get(workload.uid) or workload.status.get("checkpoints") or {}
-    merged = {t: _kept(committed.get(t), known.get(t)) for t in ("memory", "local", "persistent")}
+    merged: dict[str, Any] = {t: _kept(committed.get(t), known.get(t)) for t in TIERS}
+    merged["committedAt"] = _committed_at(merged, known)
     if merged != {t: known.get(t) for t in merged}:
         state.checkpoints[workload.uid] = merged
         await act.patch_status(
             trainingjob.PLURAL, workload.namespace, workload.name, {"checkpoints": merged}
         )
+
+
+def _committed_at(merged: Mapping[str, Any], known: Mapping[str, Any]) -> str | None:
+    """When the newest step was first seen: now when it is newer than every step known, else
+    as known (a roll-back keeps the time: preemption also counts from the restart)."""
+    if _newest(merged) > _newest(known):
+        return clock.SYSTEM.now().isoformat().replace("+00:00", "Z")
+    at = known.get("committedAt")
+    return at if isinstance(at, str) else None
+
+
+def _newest(steps: Mapping[str, Any]) -> int:
+    return max((v for t in TIERS if isinstance(v := steps.get(t), int)), default=-1)
 
 
 def _kept(found: int | None, known: Any) -> int | None:

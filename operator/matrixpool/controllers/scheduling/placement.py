@@ -45,7 +45,7 @@ async def place(
         cycle.deferred = set()
         return []
     snapshot = engine.Snapshot.build(cycle.topologies, read_model.holdings(cycle.world))
-    victims = {key: gang.request for key, (_, gang) in cycle.by_gang.items()}
+    victims = preemption.victims(cycle)  # with the work each would lose now
     bindings: list[cyclestate.Binding] = []
     never: set[model.GangKey] = set()  # gangs that can never be served: they block nobody
     pending.sort(key=lambda p: (-p.gang.request.priority, p.workload.created, p.gang.request.gang))

@@ -1,11 +1,22 @@
-"""Preemption in the scheduling cycle: a preemptor's victims asked to checkpoint before they
-give up their pods (:func:`preempt`, from phase 5), and the victims that answered or ran out of
-grace giving them up (:func:`finish_preemptions`, phase 4b): an elastic gang shrinks, another is
-evicted whole and marked Preempted, and a TrainingJob's ``status.preemptions`` records it.
-Called by :mod:`.cycle` and :mod:`.placement`."""
+"""Preemption in the scheduling cycle: the victims' requests with the work each would lose
+(:func:`victims`, from phase 5), a preemptor's victims asked to checkpoint before they give up
+their pods (:func:`preempt`, phase 5), and the victims that answered or ran out of grace giving
+them up (:func:`finish_preemptions`, phase 4b): an elastic gang shrinks, another is evicted whole
+and marked Preempted, and a TrainingJob's ``status.preemptions`` records it. Called by
+:mod:`.cycle` and :mod:`.placement`.
+
+Lost work (:func:`lost_work_per_card`; the engine prefers the plan that loses the least,
+:mod:`matrixpool.placement.preemption`): a TrainingJob loses, per card, the seconds since the
+latest of its newest committed checkpoint (``status.checkpoints.committedAt``), its gang's
+binding (the ``Scheduled`` condition turning True) and its last recovery (``recoveredAt``):
+work before its current run started is not at stake. An InferenceService loses no progress, only
+the time a replica takes to come back (loading weights, warming up): a fixed
+:data:`INFERENCE_LOST_SECONDS` per card."""
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -23,8 +34,48 @@ from matrixpool.timeshare import transition
 
 log = structlog.get_logger(__name__)
 
+INFERENCE_LOST_SECONDS = 60.0  # what an inference replica loses per card when it stops
 DEFAULT_GRACE_SECONDS = 60.0  # a preempted job's checkpoint grace without a SuperNode's own
 CHECK_SECONDS = 0.5  # a preempted job's daemons are asked at most this often
+
+
+def victims(cycle: cyclestate.CycleState) -> dict[model.GangKey, model.GangRequest]:
+    """Every gang's request, with the seconds of work each of its cards would lose now."""
+    now = clock.SYSTEM.now()
+    lost = {w.uid: lost_work_per_card(w, now) for w in cycle.world.workloads}
+    return {
+        key: dataclasses.replace(gang.request, lost_work_per_card_s=lost[workload.uid])
+        for key, (workload, gang) in cycle.by_gang.items()
+    }
+
+
+def lost_work_per_card(workload: Workload, now: datetime.datetime) -> float:
+    """Seconds of work each card of ``workload`` loses if it stops at ``now`` (module doc)."""
+    if workload.kind != trainingjob.KIND:
+        return INFERENCE_LOST_SECONDS
+    status = workload.status
+    checkpoints = status.get("checkpoints") or {}
+    recoveries = status.get("recoveries") or [{}]
+    conditions = status.get("conditions") or []
+    scheduled: Mapping[str, Any] = next((c for c in conditions if c.get("type") == "Scheduled"), {})
+    since = [
+        _time(checkpoints.get("committedAt") if isinstance(checkpoints, Mapping) else None),
+        _time(scheduled.get("lastTransitionTime") if scheduled.get("status") == "True" else None),
+        _time(recoveries[-1].get("recoveredAt") if isinstance(recoveries[-1], Mapping) else None),
+    ]
+    start = max((t for t in since if t is not None), default=None) or _time(workload.created)
+    return max(0.0, (now - start).total_seconds()) if start is not None else 0.0
+
+
+def _time(value: Any) -> datetime.datetime | None:
+    """An RFC 3339 time of the API, or None when absent or unreadable."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.UTC)
 
 
 async def preempt(
