@@ -131,25 +131,19 @@ def cheapest(
     fits: Fits,
     rule: Rule = LEAST_LOST_WORK,
 ) -> Plan | None:
-    """The cheapest plan of one scope by ``rule``, one search per order, or None."""
-    plans = [
-        plan
-        for order in rule.orders
-        if (plan := _search(sim, gang, victims, fits, order, rule.local)) is not None
-    ]
+    """The cheapest plan of one scope by ``rule``, one search per distinct order, or None."""
+    plans: list[Plan] = []
+    searched: set[tuple[GangKey, ...]] = set()
+    for order in rule.orders:
+        ordered = sorted(victims, key=lambda v: order(sim, v))
+        if (keys := tuple(v.gang for v in ordered)) not in searched:
+            searched.add(keys)
+            plan = _search(_Search(sim, gang, victims, fits), ordered, rule.local)
+            plans += [plan] if plan is not None else []
     return min(plans, key=rule.cost, default=None)
 
 
-def _search(
-    sim: Snapshot,
-    gang: GangRequest,
-    victims: Sequence[GangRequest],
-    fits: Fits,
-    order: Order,
-    local: bool,
-) -> Plan | None:
-    search = _Search(sim, gang, victims, fits)
-    ordered = sorted(victims, key=lambda v: order(sim, v))
+def _search(search: _Search, ordered: Sequence[GangRequest], local: bool) -> Plan | None:
     # 1. shrink, 2. evict
     if not search.grow_shrinks(ordered) and not search.grow_evictions(ordered):
         return None

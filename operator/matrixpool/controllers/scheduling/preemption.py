@@ -40,12 +40,31 @@ CHECK_SECONDS = 0.5  # a preempted job's daemons are asked at most this often
 
 
 def victims(cycle: cyclestate.CycleState) -> dict[model.GangKey, model.GangRequest]:
-    """Every gang's request, with the seconds of work each of its cards would lose now."""
+    """Every gang's request, with the seconds of work each of its cards would lose now: none
+    for a gang already preempted (asked to checkpoint, or its pods going), so that a plan
+    made again while it gives way takes it again rather than a new victim."""
     now = clock.SYSTEM.now()
     lost = {w.uid: lost_work_per_card(w, now) for w in cycle.world.workloads}
+    going = _going(cycle)
+    given = cycle.world.decisions.preempting
     return {
-        key: dataclasses.replace(gang.request, lost_work_per_card_s=lost[workload.uid])
+        key: dataclasses.replace(
+            gang.request,
+            lost_work_per_card_s=0.0
+            if workload.uid in given or any(p.key in going for p in gang.pods)
+            else lost[workload.uid],
+        )
         for key, (workload, gang) in cycle.by_gang.items()
+    }
+
+
+def _going(cycle: cyclestate.CycleState) -> set[str]:
+    """Pods deleting, or deleted earlier in this cycle (a regroup replaces a whole gang)."""
+    return {
+        p.key
+        for facts in cycle.world.pods.values()
+        for p in facts
+        if p.deleting or p.uid in cycle.assumed.deleted
     }
 
 
@@ -94,12 +113,7 @@ async def preempt(
     for key in plan.evict:
         workload, gang = cycle.by_gang[key]
         victims.append((workload, [(p.namespace, p.name) for p in gang.pods], None))
-    going = {  # deleting, or deleted earlier in this cycle (a regroup replaces a whole gang)
-        p.key
-        for facts in cycle.world.pods.values()
-        for p in facts
-        if p.deleting or p.uid in cycle.assumed.deleted
-    }
+    going = _going(cycle)
     victims = [  # a gang whose pods already go frees their cards without being asked again
         (w, live, kept)
         for w, pods_of, kept in victims

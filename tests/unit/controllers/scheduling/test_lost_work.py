@@ -11,10 +11,12 @@ from typing import Any
 import pytest
 
 from matrixpool import clock
+from matrixpool.api import trainingjob
 from matrixpool.controllers.recovery import checkpoints, memory
 from matrixpool.controllers.scheduling import cycle as scheduler
 from matrixpool.controllers.scheduling import cyclestate, preemption
 from matrixpool.k8s import daemonclient
+from matrixpool.placement import gangs
 from matrixpool.state import assumed as assuming
 from tests.unit import worlds
 from tests.unit.recorder import Recorder
@@ -155,3 +157,22 @@ def test_a_cycle_evicts_the_victim_whose_checkpoint_is_fresher() -> None:
     act = Recorder()
     asyncio.run(scheduler.Cycle(seen, cyclestate.Memory(), assuming.Assumed(), act).run())
     assert sorted(act.deleted) == ["ns/recent-0", "ns/recent-1"]
+
+
+def test_a_gang_already_giving_way_loses_nothing_more() -> None:
+    """Its pods going, a plan made again takes it again rather than a new victim."""
+    jobs = [
+        worlds.job(name, 2, priority=10, status={"conditions": [bound(600)]}) for name in ("a", "b")
+    ]
+    seen = worlds.fixed_world(
+        worlds.index(*worlds.running("a", 2, deleting=True), *worlds.running("b", 2, first_node=2)),
+        jobs,
+    )
+    state = cyclestate.CycleState(seen, cyclestate.Memory())
+    for workload in jobs:
+        assert isinstance(workload.model, trainingjob.TrainingJob)
+        gang = gangs.training_gang("ns", workload.name, workload.model.spec, 8)
+        state.by_gang[gang.request.gang] = (workload, gang)
+    lost = {k: v.lost_work_per_card_s for k, v in preemption.victims(state).items()}
+    assert lost["ns/a"] == 0.0
+    assert lost["ns/b"] >= 600.0
