@@ -1,13 +1,13 @@
 """``matrixpool export topology`` without a cluster: the Kueue Topology and ResourceFlavors and
 the Volcano HyperNodes built from SuperNodes and node labels (matrixpool.interop.topology).
 
-Kueue's own CRDs and webhooks judge the Kueue objects in tests/integration/test_peers.py. The
-repository holds no Volcano CRD, so :func:`volcano_violations` checks the HyperNodes against
-what Volcano v1.14's HyperNode schema requires (volcano.sh/apis, topology/v1alpha1: ``tier``
-required and ≥ 0, ``members`` ≥ 1 item, member ``type`` Node or HyperNode, exactly one of
-``exactMatch``/``regexMatch``/``labelMatch``, ``exactMatch.name`` a DNS-1123 subdomain,
-``labelMatch`` for Node members only), plus its admission webhook's rule that a member selects
-by ``exactMatch`` or ``regexMatch`` (it refuses ``labelMatch``), and that the tiers form a tree.
+Kueue's own CRDs and webhooks judge the Kueue objects in tests/integration/test_peers.py, and
+the API server judges the HyperNodes there by Volcano's CRD (generated from its Go types). Here
+:func:`volcano_violations` checks them against Volcano v1.14's HyperNode schema (volcano.sh/apis,
+topology/v1alpha1: ``tier`` required and ≥ 0, ``members`` ≥ 1 item, member ``type`` Node or
+HyperNode, exactly one of ``exactMatch``/``regexMatch``/``labelMatch``, ``exactMatch.name`` a
+DNS-1123 subdomain), its admission webhook's rule that a member selects by ``exactMatch`` or
+``regexMatch`` (it refuses ``labelMatch``), and that the tiers form a tree.
 """
 
 from __future__ import annotations
