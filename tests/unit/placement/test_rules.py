@@ -209,9 +209,8 @@ def test_ranks_smaller_than_a_node_fill_one_node_and_rack_before_the_next() -> N
     assert isinstance(verdict, model.Placement)
     nodes = [a.node for a in verdict.assignments]
     racks = [rack_of(n) for n in nodes]
-    assert (
-        racks[:8] == [racks[0]] * 8 and racks[8:] == [1 - racks[0]] * 4
-    )  # one rack, then the next
+    assert racks[:8] == [racks[0]] * 8  # one rack, then the next
+    assert racks[8:] == [1 - racks[0]] * 4
     assert all(nodes[k] == nodes[k + 1] for k in range(0, 12, 2))  # pairs share a node
 
 
