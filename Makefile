@@ -52,11 +52,12 @@ integration: venv binaries engine
 	$(BIN)/pytest tests/integration -q --durations=10
 
 # make test's split of it: the demo's test brings up a control plane of its own (no shared
-# cluster), so it runs in the first lane, and so do the real engine's autoscaling test and the
-# experts' test, on a control plane of their own session (that lane ends before the real
-# nodes' does); the rest, on the suite's cluster, alone.
+# cluster), so it runs in the first lane, and so do the real engine's autoscaling test, the
+# experts' test and the preemption choice's test, on a control plane of their own session (that
+# lane ends before the real nodes' does); the rest, on the suite's cluster, alone.
 DEMO_TEST := tests/integration/test_demo.py
-ENGINE_TEST := tests/integration/test_engine_autoscaling.py tests/integration/test_experts.py
+ENGINE_TEST := tests/integration/test_engine_autoscaling.py tests/integration/test_experts.py \
+  tests/integration/test_preemption_choice.py
 integration-demo: venv binaries
 	$(BIN)/pytest $(DEMO_TEST) -q --durations=1
 integration-engine: venv binaries engine
