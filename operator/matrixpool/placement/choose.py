@@ -16,20 +16,22 @@ node of ``u`` usable cards changes it by ``u - c``. Every choice here minimises,
 3. the empty nodes of the rack (a rack that is already broken is used before a whole one);
 4. the index (deterministic answers).
 
-**Locality** comes before fragmentation for a training gang of more than one pod (no
-``spread_group``): it goes into the fewest racks that can hold it (:func:`fewest_racks`, from
-each rack's capacity for the gang's pod size, as Kueue's TAS BestFit: the roomiest racks until
-the rest fits one more, and that last one the rack with the least room that holds the rest),
-and its ranks fill those racks one after another in rank order, so consecutive ranks are
-neighbours on the fabric and a ring crosses a rack boundary as few times as the racks allow.
-Inside each rack the order above chooses the nodes; a pod that the chosen racks turn out not to
-hold (pods of mixed sizes, card groups) falls back to the whole supernode. Among rack sets of
-the same count the fragmentation rules decide: racks with less room first (a broken rack before
-a whole one), so whole racks stay whole for the next big gang.
+**Locality** comes before fragmentation for a gang of more than one pod: it goes into the
+fewest racks that can hold it (:func:`fewest_racks`, from each rack's capacity for the gang's
+pod size, as Kueue's TAS BestFit: the roomiest racks until the rest fits one more, and that
+last one the rack with the least room that holds the rest), and its ranks fill those racks one
+after another in rank order, so consecutive ranks are neighbours on the fabric and a ring
+crosses a rack boundary as few times as the racks allow. Inside each rack the order above
+chooses the nodes; a pod that the chosen racks turn out not to hold (pods of mixed sizes, card
+groups) falls back to the whole supernode. Among rack sets of the same count the fragmentation
+rules decide: racks with less room first (a broken rack before a whole one), so whole racks
+stay whole for the next big gang.
 
 Inside a node, :class:`matrixpool.placement.cards.Fitter` keeps a request no bigger than a card
-group inside one group. Inference replicas (``spread_group``) first pick the rack holding the
-fewest pods of their group, then apply the order above. ``group_size`` ranks share one rack:
+group inside one group. Inference replicas (``spread_group``) spread: a replica of one pod
+picks the rack holding the fewest pods of its role, then applies the order above; a replica of
+several pods goes into the fewest of the racks holding the fewest pods of its role that hold it
+(its pods together, its replicas apart). ``group_size`` ranks share one rack:
 the rack that still holds them with the least room to spare. Nodes a pod of the gang may not
 go to (``Snapshot.restrict``) show no free cards here.
 """
@@ -52,7 +54,7 @@ def place_pods(
     if gang.group_size and gang.group_size > 1:
         return _by_rank_groups(snap, s, pods, gang, out)
     spread = gang.spread_group
-    if not spread and len(pods) > 1:
+    if len(pods) > 1:
         return _by_fewest_racks(snap, s, pods, gang, out)
     for placed, pod in enumerate(pods):
         hit = _spread_choice(snap, s, pod.cards, spread) if spread else _choice(snap, s, pod.cards)
@@ -94,8 +96,21 @@ def _by_fewest_racks(
     snap: Snapshot, s: int, pods: Sequence[PodRequest], gang: GangRequest, out: list[Assignment]
 ) -> int:
     """Ranks fill the fewest racks one after another; a pod they do not hold goes anywhere in
-    the supernode (rules 1-4)."""
-    racks = fewest_racks(snap.rack_rooms(s, max(p.cards for p in pods)), len(pods)) or []
+    the supernode (rules 1-4, or the spread rule for a replica). A replica of an inference role
+    (``spread_group``) takes the fewest of the racks holding the fewest pods of its role that
+    hold it whole, so its replicas spread across racks while its own pods stay together."""
+    rooms = snap.rack_rooms(s, max(p.cards for p in pods))
+    spread = gang.spread_group
+    racks: list[int] = []
+    if spread:
+        counts = {r: snap.rack_spread[r].get(spread, 0) for r in rooms}
+        for level in sorted(set(counts.values())):
+            allowed = {r: room for r, room in rooms.items() if counts[r] <= level}
+            racks = fewest_racks(allowed, len(pods)) or []
+            if racks:
+                break
+    else:
+        racks = fewest_racks(rooms, len(pods)) or []
     at = 0
     for placed, pod in enumerate(pods):
         hit: Hit | None = None
@@ -106,7 +121,12 @@ def _by_fewest_racks(
             )
             if hit is None:
                 at += 1
-        hit = hit or _choice(snap, s, pod.cards)
+        if hit is None:
+            hit = (
+                _spread_choice(snap, s, pod.cards, spread)
+                if spread
+                else _choice(snap, s, pod.cards)
+            )
         if hit is None:
             return placed
         _put(snap, hit, pod, gang, out)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
-
 import pytest
 
 from matrixpool.placement import engine, inventory, model
@@ -247,16 +245,32 @@ def test_spread_ties_go_to_the_lowest_fragmentation() -> None:
     assert verdict.assignments[0].node == "sn-a-node-09"
 
 
-def test_the_pods_of_one_replica_spread_over_racks_too() -> None:
+def test_the_pods_of_one_replica_stay_in_the_fewest_racks() -> None:
+    """EP320's decode replica: 40 whole nodes of a 12-rack supernode take 10 racks, filled in
+    rank order (its pods talk to each other; spreading is for its replicas)."""
     verdict = verdict_of(
         [cloudmatrix().build()],
         [],
         gang("ns/ds/decode/0").pods(40, cards=8).spread("ns/ds/decode").on("sn-a").build(),
     )
     assert isinstance(verdict, model.Placement)
-    per_rack = Counter(rack_of(a.node) for a in verdict.assignments)
-    assert max(per_rack.values()) - min(per_rack.values()) <= 1
+    racks = [rack_of(a.node) for a in verdict.assignments]
+    assert len(set(racks)) == 10
+    assert racks == sorted(racks, key=racks.index)  # each rack's ranks together
     assert "sn-a-node-47" not in {a.node for a in verdict.assignments}  # the spare
+
+
+def test_a_replica_of_several_pods_goes_to_racks_without_its_role_and_stays_together() -> None:
+    topology = supernode("sn-a").racks(3, nodes=4).build()
+    holdings = [
+        holding("ns/s/r/0/0").on("sn-a-node-00", [0, 1, 2, 3]).spread("ns/s/r").build(),
+        holding("ns/s/r/1/0").on("sn-a-node-04", [0, 1, 2, 3]).spread("ns/s/r").build(),
+    ]
+    request = gang("ns/s/r/2").pods(3, cards=4).spread("ns/s/r").build()
+    verdict = verdict_of([topology], holdings, request)
+    assert isinstance(verdict, model.Placement)
+    assert {rack_of(a.node) for a in verdict.assignments} == {2}  # the rack without the role
+    assert len({a.node for a in verdict.assignments}) == 2  # 3 × 4 cards on two nodes
 
 
 def test_a_gang_that_does_not_fit_leaves_no_trace() -> None:
