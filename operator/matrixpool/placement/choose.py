@@ -64,24 +64,30 @@ def place_pods(
     return len(pods)
 
 
-def fewest_racks(rooms: dict[int, int], pods: int) -> list[int] | None:
-    """The fewest racks whose ``rooms`` (pods each still holds) hold ``pods``, in the order to
-    fill them; None when all of them together are short. The roomiest first (fewer racks; of
-    equal room the lower index) until the rest fits one more rack, then of the racks that hold
-    the rest the one with the least room (best fit), filled first: a broken rack is used up
-    before a whole one is broken."""
+def fewest_domains(rooms: dict[int, int], pods: int) -> list[int] | None:
+    """The fewest domains (racks, supernodes) whose ``rooms`` (pods each still holds) hold
+    ``pods``: the roomiest first (of equal room the lower index) until the rest fits one more,
+    then of those that hold the rest the one with the least room (best fit), last. None when all
+    of them together are short."""
     order: list[int] = []
-    pool = sorted(((room, r) for r, room in rooms.items() if room > 0), key=lambda x: (-x[0], x[1]))
+    pool = sorted(((room, d) for d, room in rooms.items() if room > 0), key=lambda x: (-x[0], x[1]))
     while pods > 0:
-        holding = [(room, r) for room, r in pool if room >= pods]
+        holding = [(room, d) for room, d in pool if room >= pods]
         if holding:
-            return [min(holding)[1], *order]
+            return [*order, min(holding)[1]]
         if not pool:
             return None
-        room, r = pool.pop(0)
-        order.append(r)
+        room, d = pool.pop(0)
+        order.append(d)
         pods -= room
     return order
+
+
+def fewest_racks(rooms: dict[int, int], pods: int) -> list[int] | None:
+    """:func:`fewest_domains` over racks, in the order to fill them: the best fit first, so a
+    broken rack is used up before a whole one is broken."""
+    found = fewest_domains(rooms, pods)
+    return found[-1:] + found[:-1] if found else found
 
 
 def racks_needed(snap: Snapshot, s: int, pods: Sequence[PodRequest]) -> int:

@@ -231,24 +231,13 @@ def _span(
 
 
 def _fewest_supernodes(rooms: dict[int, int], pods: int, first: int | None) -> list[int] | None:
-    """Greedy: the named supernode first, then the roomiest until one holds the rest, and of
-    those the one with the least room (best fit). None when all of them together are short."""
-    order: list[int] = []
-    if first is not None:
-        order.append(first)
-        pods -= rooms.pop(first, 0)
-    pool = sorted(((room, s) for s, room in rooms.items() if room > 0), key=lambda x: (-x[0], x[1]))
-    while pods > 0:
-        holding = [(room, s) for room, s in pool if room >= pods]
-        if holding:
-            order.append(min(holding)[1])
-            return order
-        if not pool:
-            return None
-        room, s = pool.pop(0)
-        order.append(s)
-        pods -= room
-    return order
+    """The named supernode first, then :func:`choose.fewest_domains` for the rest (the roomiest
+    until one holds the rest, that one the best fit). None when all of them together are short."""
+    if first is None:
+        return choose.fewest_domains(rooms, pods)
+    rest = pods - rooms.pop(first, 0)
+    found = choose.fewest_domains(rooms, rest) if rest > 0 else []
+    return [first, *found] if found is not None else None
 
 
 def _placement(
