@@ -54,6 +54,8 @@ from matrixpool.state import (
 from matrixpool.state.workloads import Workload
 
 CYCLE_SECONDS = 0.25
+YIELD_SECONDS = 0.001  # between a pass's steps, for the watches' handlers (a timer, not sleep(0):
+# a watch event takes several hops of the event loop to reach its handler)
 ERROR_BACKOFF_SECONDS = 2.0
 LABEL = {anchor.COMPONENT_LABEL: anchor.COMPONENT}
 # Test knob: seconds by which the loop's view of the pod index lags the API (default 0).
@@ -146,12 +148,13 @@ async def main_loop(
             decisions=state.decisions,
             shares=state.shares,
             derived=state.derived,
+            noticed=dict(alarm.noticed),
         )
 
     while not stopped:
         copies.clear()  # every pass reads the indexes afresh
         try:
-            await one_pass(state, read)
+            await one_pass(state, read, alarm)
         except Exception:  # one bad cycle must not stop scheduling; the next one retries
             log.exception("cycle failed; retrying")
             await stopped.wait(ERROR_BACKOFF_SECONDS)
@@ -173,7 +176,9 @@ async def main_loop(
     await scheduler.settle(state.cycle)  # stopping: let the last bindings be written
 
 
-async def one_pass(state: Controllers, read: Callable[[], world.World]) -> None:
+async def one_pass(
+    state: Controllers, read: Callable[[], world.World], alarm: wake.Wake | None = None
+) -> None:
     """1 read the world, forget what went, note the jobs that finished; 2 recovery;
     3 the inference autoscaler's recommendations and the expert maps' load balancing
     (:mod:`.experts`); 4 time-sharing's allowances; 5 the
@@ -182,7 +187,14 @@ async def one_pass(state: Controllers, read: Callable[[], world.World]) -> None:
     binding cycle, a task of its own), a pass is 1 and 2 only: 3-7 read what the bindings
     write. The first pass after the binding cycle is through does 6 and 7 of the pass that
     started it before its own 3, so the status is written after every binding cycle, even
-    when each cycle binds again."""
+    when each cycle binds again.
+
+    A pass is CPU on the event loop (seconds at 64 supernodes): between its steps it lets the
+    watches' handlers run, and when one of them stamped a node fault (``alarm.urgent``) the
+    pass stops there and the loop starts the next, which begins with recovery. What it left
+    undone comes in that next pass (the status report is owed: ``unreported``)."""
+    if alarm is not None:
+        alarm.calm()
     now = read()
     state.forget_replaced(now.workloads)
     moment = clock.SYSTEM.now()
@@ -199,16 +211,34 @@ async def one_pass(state: Controllers, read: Callable[[], world.World]) -> None:
     if state.binding():  # the rest reads what the binding cycle writes: next pass
         return
     if state.unreported:  # the pass that started the binding cycle did not report
+        if await fault_came(alarm):
+            return
         state.unreported = False
         await report(state, read)
+    if await fault_came(alarm):
+        return
     await autoscaler.run(now, state.autoscaling, act)
+    if await fault_came(alarm):
+        return
     await experts.run(now, state.expert_loads, act)
+    if await fault_came(alarm):
+        return
     state.shares = await timeshare.share(read(), state.sharing, act)
+    if await fault_came(alarm):
+        return
     await scheduler.run_cycle(read, state.cycle, state.assumed, act, background=True)
-    if state.binding():
-        state.unreported = True
+    state.unreported = True  # until report() below is through
+    if state.binding() or await fault_came(alarm):
         return
     await report(state, read)
+    state.unreported = False
+
+
+async def fault_came(alarm: wake.Wake | None) -> bool:
+    """Let the watches' handlers run (a pass holds the event loop between its API calls), then
+    whether one of them saw a node fault since the pass began."""
+    await asyncio.sleep(YIELD_SECONDS)
+    return alarm is not None and alarm.urgent
 
 
 async def report(state: Controllers, read: Callable[[], world.World]) -> None:

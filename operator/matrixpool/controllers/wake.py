@@ -11,6 +11,13 @@ time-sharing windows and retries send no event); a wake only brings the next pas
 wakes that come during a pass make one more pass, never one each. Our own writes wake nothing:
 a status patch keeps the generation, a created or bound pod is no deletion.
 
+A Node event that shows a fault (Ready gone False or Unknown, the Node deleted, a card newly in
+``matrixpool.dev/unhealthy-cards``) is also stamped with when it arrived (:attr:`Wake.noticed`):
+recovery dates the fault's detection (``status.recoveries[].detectedAt``, and the settle window)
+from the stamp, not from the pass that gets to it, which at 64 supernodes comes seconds later. The
+stamp also marks the wake *urgent*: the pass under way stops at its next step and the next one
+starts with recovery (:func:`matrixpool.controllers.loop.one_pass`).
+
 kopf updates its indexes before it calls these handlers for the same event, so the pass a wake
 starts already sees what woke it. The :class:`Wake` lives in kopf's operator memo (one per
 operator; per-object memos are shallow copies of it), set up at startup.
@@ -19,17 +26,24 @@ operator; per-object memos are shallow copies of it), set up at startup.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import kopf
 
-from matrixpool import api
+from matrixpool import api, clock
 from matrixpool.api import inferenceservice, labels, trainingjob
 from matrixpool.k8s import client as k8s_client
 from matrixpool.k8s import convert, daemonleases
+from matrixpool.placement import inventory
 
 MEMO_KEY = "wake"
+
+# (node, what) → when the Node watch first showed it (monotonic, wall); what: "down", "deleted",
+# or "card:<index>" for a card in matrixpool.dev/unhealthy-cards.
+Noticed = dict[tuple[str, str], tuple[float, datetime.datetime]]
 
 
 class Wake:
@@ -39,6 +53,8 @@ class Wake:
         self.event = asyncio.Event()
         self.generations: dict[str, int | None] = {}
         self.facts: dict[str, object] = {}  # "node/<name>", "lease/<name>" → what it said last
+        self.noticed: Noticed = {}  # faults, by when the Node watch showed them
+        self.urgent = False  # a fault came: the pass under way stops at its next step
 
     def news(self, type: str | None, uid: str, generation: int | None) -> bool:
         """Whether this event of a workload changes what the scheduler wants."""
@@ -68,6 +84,23 @@ class Wake:
         else:
             self.facts[key] = facts
         self.event.set()
+
+    def node_faults(self, name: str, faults: Iterable[str]) -> None:
+        """Stamp the faults ``name``'s Node shows now that it did not show before (urgent: ring
+        at once), and forget those it no longer shows."""
+        now = set(faults)
+        for key in [k for k in self.noticed if k[0] == name and k[1] not in now]:
+            del self.noticed[key]
+        new = [f for f in now if (name, f) not in self.noticed]
+        if new:
+            stamp = (clock.SYSTEM.monotonic(), clock.SYSTEM.now())
+            self.noticed.update({(name, f): stamp for f in new})
+            self.urgent = True
+            self.event.set()
+
+    def calm(self) -> None:
+        """A pass begins with recovery: what was urgent is being seen to."""
+        self.urgent = False
 
     def ring(self) -> None:
         self.event.set()
@@ -134,7 +167,7 @@ async def pod_gone(memo: kopf.Memo, **_: Any) -> None:
         wake.ring()
 
 
-def _node(name: str, body: kopf.Body) -> tuple[str, object]:
+def _node(name: str, body: kopf.Body) -> tuple[str, inventory.NodeInfo]:
     facts = convert.node_info(
         name,
         body.get("metadata", {}).get("labels") or {},
@@ -156,7 +189,17 @@ async def node_changed(
 ) -> None:
     wake = of(memo)
     if wake is not None:
-        wake.noted(type, *_node(name, body))
+        key, facts = _node(name, body)
+        wake.noted(type, key, facts)
+        wake.node_faults(name, faults_shown(type, facts))
+
+
+def faults_shown(type: str | None, facts: inventory.NodeInfo) -> list[str]:
+    """The faults a Node event shows, as :attr:`Wake.noticed` names them."""
+    if type == "DELETED":
+        return ["deleted"]
+    shown = ["down"] if facts.down else []
+    return shown + [f"card:{card}" for card in sorted(facts.unhealthy)]
 
 
 def _lease(name: str, body: kopf.Body) -> tuple[str, object]:

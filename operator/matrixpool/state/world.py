@@ -61,6 +61,11 @@ class World:
     decisions: decided.Decisions = field(default_factory=decided.Decisions)  # the loop's
     shares: decided.Shares = field(default_factory=decided.Shares)  # time-sharing's latest
     derived: Derived = field(default_factory=Derived, compare=False)  # the loop's cache
+    # (node, "down" | "deleted" | "card:<i>") → when the Node watch showed it (monotonic, wall):
+    # recovery dates a fault's detection from it (controllers.wake)
+    noticed: Mapping[tuple[str, str], tuple[float, datetime.datetime]] = field(
+        default_factory=dict, compare=False
+    )
 
     def __post_init__(self) -> None:
         """The pods of jobs that succeeded hold no card (they are kept for their logs)."""

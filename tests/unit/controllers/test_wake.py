@@ -6,7 +6,9 @@ import asyncio
 import logging
 
 import kopf
+import pytest
 
+from matrixpool import clock
 from matrixpool.controllers import wake
 from matrixpool.k8s import daemonleases
 
@@ -109,6 +111,45 @@ def test_a_node_wakes_the_loop_when_its_health_changes_not_on_a_heartbeat() -> N
     assert news("DELETED", node_body(ready="False", unhealthy="3"))
     assert not news("DELETED", node_body())  # gone already
     assert alarm.event.is_set()
+
+
+def test_a_node_fault_is_stamped_when_the_watch_shows_it_and_makes_the_wake_urgent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [50.0]
+    monkeypatch.setattr(clock.SYSTEM, "monotonic", lambda: now[0])
+    memo = kopf.Memo()
+    wake.install(memo=memo)
+    alarm = wake.of(memo)
+    assert alarm is not None
+
+    def event(type: str | None, body: kopf.Body) -> None:
+        if wake._node_news(type=type, name="n1", body=body, memo=memo):
+            asyncio.run(wake.node_changed(type=type, name="n1", body=body, memo=memo))
+
+    event(None, node_body())
+    assert alarm.noticed == {}
+    assert not alarm.urgent
+    event("MODIFIED", node_body(ready="False", beat="t1"))
+    assert set(alarm.noticed) == {("n1", "down")}
+    assert alarm.urgent
+    assert alarm.noticed["n1", "down"][0] == 50.0
+    alarm.calm()
+    now[0] = 51.0
+    event("MODIFIED", node_body(ready="Unknown", unhealthy="3", beat="t2"))
+    assert alarm.noticed["n1", "down"][0] == 50.0  # still down: the first stamp stays
+    assert alarm.noticed["n1", "card:3"][0] == 51.0
+    assert alarm.urgent
+    alarm.calm()
+    event("MODIFIED", node_body(unhealthy="3", beat="t3"))  # Ready again, card 3 still bad
+    assert set(alarm.noticed) == {("n1", "card:3")}
+    assert not alarm.urgent
+    now[0] = 52.0
+    event("DELETED", node_body(unhealthy="3"))
+    assert set(alarm.noticed) == {("n1", "deleted")}
+    assert alarm.urgent
+    event(None, node_body())  # created again, healthy
+    assert alarm.noticed == {}
 
 
 def test_a_daemon_lease_wakes_the_loop_when_it_appears_restarts_or_goes_not_on_renewal() -> None:

@@ -98,7 +98,7 @@ async def step(
         return True
     if state.deferred.get(workload.uid, 0.0) > clock.SYSTEM.monotonic():
         return False  # a recovery that was impossible, retried later
-    if not detect.settled(workload, faults, state):
+    if not detect.settled(workload, faults, state, world.noticed):
         return False
     _, detected = state.first_seen.pop(workload.uid)
     await decide.start(workload, faults, world, lost, detected, state, act)

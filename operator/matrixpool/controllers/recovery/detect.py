@@ -11,6 +11,7 @@ that Succeeded is no fault; a finished job
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Iterable, Mapping, Sequence
 
 import structlog
@@ -80,17 +81,42 @@ def detect(
     ]
 
 
+def _stamp_keys(faults: Iterable[policy.Fault]) -> list[tuple[str, str]]:
+    """The keys of :attr:`matrixpool.controllers.wake.Wake.noticed` that date these faults."""
+    keys: list[tuple[str, str]] = []
+    for fault in faults:
+        if fault.kind == policy.FaultKind.NODE_DOWN:
+            keys.append((fault.node, "down"))
+        elif fault.kind == policy.FaultKind.NODE_DELETED:
+            keys.append((fault.node, "deleted"))
+        elif fault.kind == policy.FaultKind.CARDS_UNHEALTHY:
+            keys += [(fault.node, f"card:{card}") for card in sorted(fault.cards)]
+    return keys
+
+
 def workload_suspended(workload: Workload | None) -> bool:
     return workload is not None and workload.status.get("phase") == "Suspended"
 
 
-def settled(workload: Workload, faults: list[policy.Fault], state: memory.State) -> bool:
+def settled(
+    workload: Workload,
+    faults: list[policy.Fault],
+    state: memory.State,
+    noticed: Mapping[tuple[str, str], tuple[float, datetime.datetime]] | None = None,
+) -> bool:
     """Node losses are decided SETTLE_SECONDS after the first shows, so that a rack losing
     power (its nodes going NotReady a few hundred milliseconds apart) is one recovery, not one
     per node; a lost node's silent daemon joins its NodeDown the same way. A failed pod or a
-    bad card on a healthy node is decided at once."""
+    bad card on a healthy node is decided at once.
+
+    A fault shows when the Node watch first delivered it (``noticed``, stamped by
+    :mod:`matrixpool.controllers.wake`), else now: the job's detection time and the start of its
+    settle window."""
     now = clock.SYSTEM.monotonic()
-    first, _ = state.first_seen.setdefault(workload.uid, (now, clock.SYSTEM.now()))
+    seen = (now, clock.SYSTEM.now())
+    shown = noticed or {}
+    stamps = [shown[k] for k in _stamp_keys(faults) if k in shown]
+    first, _ = state.first_seen.setdefault(workload.uid, min([seen, *stamps]))
     losses = any(f.kind in policy.NODE_LOSSES for f in faults)
     if losses and now - first < SETTLE_SECONDS:
         return False

@@ -3,6 +3,8 @@ faults lie under a bound gang, a stale kubelet Lease among them, and when faults
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
 
 from matrixpool import clock
@@ -154,6 +156,38 @@ def test_node_losses_wait_to_settle_but_a_failed_pod_is_decided_at_once(
     assert not detect.settled(b, down, state)
     now[0] += detect.SETTLE_SECONDS / 2
     assert detect.settled(b, down, state)
+
+
+def test_a_fault_is_dated_from_when_the_node_watch_showed_it_not_from_the_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pass that gets to a fault may come seconds after the Node event (64 supernodes):
+    detection and the settle window count from the event's stamp (controllers.wake)."""
+    now = [100.0]
+    monkeypatch.setattr(clock.SYSTEM, "monotonic", lambda: now[0])
+    state = recovery_memory.State()
+    job = Workload("TrainingJob", "ns", "a", "uid-a", "", 1, None, None, {})
+    shown = dt.datetime(2026, 12, 5, 11, 0, 0, tzinfo=dt.UTC)
+    noticed = {
+        ("n1", "down"): (99.0, shown),
+        ("n2", "card:3"): (99.5, shown + dt.timedelta(seconds=0.5)),
+        ("n9", "down"): (10.0, shown - dt.timedelta(seconds=89)),  # no rank there
+    }
+    down = [policy.Fault(policy.FaultKind.NODE_DOWN, policy.NodeName("n1"))]
+    assert detect.settled(job, down, state, noticed)  # shown 1 s ago: settled already
+    assert state.first_seen["uid-a"] == (99.0, shown)
+    state.first_seen.clear()
+    cards = [policy.Fault(policy.FaultKind.CARDS_UNHEALTHY, "n2", frozenset({3}))]
+    assert detect.settled(job, cards, state, noticed)
+    assert state.first_seen["uid-a"][1] == shown + dt.timedelta(seconds=0.5)
+    state.first_seen.clear()
+    other = [policy.Fault(policy.FaultKind.CARDS_UNHEALTHY, "n2", frozenset({4}))]
+    assert detect.settled(job, other, state, noticed)  # card 4 was never stamped: now
+    assert state.first_seen["uid-a"][0] == 100.0
+    state.first_seen.clear()
+    now[0] = 99.2  # a stamp can only be earlier than the pass: never later than now
+    assert not detect.settled(job, [*down, *cards], state, noticed)  # 0.2 s: settling
+    assert state.first_seen["uid-a"][0] == 99.0
 
 
 def test_a_lease_overdue_by_three_quarters_of_its_duration_counts_as_a_node_down() -> None:
