@@ -34,7 +34,9 @@ of the machine spent while it ran (``/proc``), which says where a pod's cost goe
 
 Prints progress on stderr and, as its last line, one JSON object (``systems``: one entry per
 system with the figures, or ``error`` with the reason it could not run), and writes a PNG of
-card utilisation over time per system (``--png``). docs/benchmarks.md records the figures.
+card utilisation over time per system (``--png``) and, with ``--dump PATH``, where each gang of
+the trace went per system (racks used beside the fewest, node per rank, when it was created,
+bound, deleted and gone). docs/benchmarks.md records the figures.
 """
 
 from __future__ import annotations
@@ -706,7 +708,47 @@ def run_trace(
     submitter.shutdown(wait=True)
     wait_for(lambda: recorder.count_live() == 0, 300, "the trace's pods gone")
     end = recorder.now() - start
-    return summarize(runs, samples, shape, end)
+    with recorder.lock:
+        gone: dict[str, list[float]] = {}
+        for record in recorder.pods.values():
+            if record.gone is not None and record.bound is not None:
+                gone.setdefault(record.gang, []).append(record.gone)
+    dump = placements(runs, shape, start, gone)
+    return summarize(runs, samples, shape, end) | {"placements": dump}
+
+
+def placements(
+    runs: dict[str, GangRun],
+    shape: topology.Shape,
+    start: float,
+    gone: dict[str, list[float]] | None = None,
+) -> list[Any]:
+    """Where each gang of the trace went, for ``--dump``: its size, the racks it used against
+    the fewest that hold it, the node of each rank, and its seconds (after the trace started)
+    of creation, of its last pod bound, of its deletion and of its first and last bound pod
+    gone (``gone``: gang → when each such pod was gone, on the recorder's clock)."""
+    found = []
+    for run in sorted(runs.values(), key=lambda r: r.created):
+        went = sorted((gone or {}).get(run.gang.name, []))
+        nodes = run.gang.nodes_needed(shape.cards_per_node)
+        racks = sorted({rack_of(n) for n in run.nodes})
+        found.append(
+            {
+                "gang": run.gang.name,
+                "pods": run.gang.pods,
+                "cards": run.gang.cards,
+                "serving": run.gang.serving,
+                "nodes_needed": nodes,
+                "fewest_racks": math.ceil(nodes / shape.nodes_per_rack),
+                "racks": racks,
+                "ranks": [run.ranks.get(k) for k in range(run.gang.pods)],
+                "created_s": round(run.created - start, 3) if run.created else None,
+                "bound_s": round(run.bound - start, 3) if run.bound is not None else None,
+                "removed_s": round(run.removed - start, 3) if run.removed is not None else None,
+                "gone_s": [round(went[0] - start, 3), round(went[-1] - start, 3)] if went else None,
+            }
+        )
+    return found
 
 
 def summarize(
@@ -914,6 +956,9 @@ def main() -> int:
     parser.add_argument(
         "--phases", default="burst,trace,preemption", help="comma-separated subset to run"
     )
+    parser.add_argument(
+        "--dump", type=Path, help="write each system's per-gang placements of the trace (JSON)"
+    )
     args = parser.parse_args()
     say: Any = (lambda _: None) if args.json else (lambda line: print(line, file=sys.stderr))
     if args.json:
@@ -958,12 +1003,15 @@ def main() -> int:
             "cards": shape.node_count * shape.cards_per_node,
         },
         "systems": {
-            name: {k: v for k, v in figures.items() if k != "utilisation"}
+            name: {k: v for k, v in figures.items() if k not in ("utilisation", "placements")}
             for name, figures in results.items()
         },
         "png": str(args.png) if png_error is None else png_error,
     }
     report["goals"] = goals(report["systems"])
+    if args.dump:
+        dump = {name: figures.get("placements") for name, figures in results.items()}
+        args.dump.write_text(json.dumps({"trace": report["trace"], "systems": dump}))
     print(json.dumps(report))
     return 0
 

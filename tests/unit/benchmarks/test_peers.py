@@ -47,3 +47,30 @@ def test_locality_counts_extra_racks_and_ring_hops_of_training_gangs_by_rank() -
     assert (found["extra_racks"], found["ring_hops"], found["ring_hops_min"]) == (1, 4 + 2, 2 + 2)
     assert found["spread_gangs"] == 2  # the spread training gang and the inference group
     assert found["gangs_without_ranks"] == 0
+
+
+def test_the_dump_says_where_each_gang_went_against_its_fewest_racks() -> None:
+    """``--dump``: per gang its racks (sorted) beside the fewest, its node per rank and its
+    times after the trace's start; a gang never bound has no racks and no bound time."""
+    shape = peers.topology.Shape(supernodes=1)
+    peers.NODE_RACKS.update({f"p{k}": f"sn-0-rack-{k // 2}" for k in range(3)})
+    run = peers.GangRun(peers.Gang("g1", 0.0, 3, 8, 1.0), created=10.0, bound=12.5)
+    run.nodes, run.ranks = {"p0", "p1", "p2"}, {0: "p0", 1: "p2", 2: "p1"}
+    run.removed = 13.5
+    waiting = peers.GangRun(peers.Gang("g2", 0.0, 2, 8, 1.0), created=11.0)
+    found = peers.placements({"g1": run, "g2": waiting}, shape, 10.0, {"g1": [14.0, 13.6]})
+    assert found[0] == {
+        "gang": "g1",
+        "pods": 3,
+        "cards": 8,
+        "serving": False,
+        "nodes_needed": 3,
+        "fewest_racks": 1,
+        "racks": ["sn-0-rack-0", "sn-0-rack-1"],
+        "ranks": ["p0", "p2", "p1"],
+        "created_s": 0.0,
+        "bound_s": 2.5,
+        "removed_s": 3.5,
+        "gone_s": [3.6, 4.0],
+    }
+    assert (found[1]["gang"], found[1]["racks"], found[1]["bound_s"]) == ("g2", [], None)
