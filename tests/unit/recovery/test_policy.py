@@ -523,6 +523,9 @@ def test_several_faults_are_one_plan_that_loses_no_rank_and_prefers_the_cheapest
         # node cover all 8, so every such fault hits one)
         needing = {f.node for f in faults if f.kind in policy.NODE_LOSSES}
         needing |= {f.node for f in faults if f.kind == FaultKind.CARDS_UNHEALTHY}
+        # and a failed pod's node: SpareSwap moves its ranks too (restarting them where they
+        # were is InPlace, which was not allowed or the plan would not be a Reschedule)
+        needing |= {f.node for f in faults if f.kind == FaultKind.POD_FAILED}
         if Level.SPARE_SWAP in job.levels and len(needing) <= len(free.nodes.get("sn-a", ())):
             swap = policy.decide(
                 faults, dataclasses.replace(job, levels=(Level.SPARE_SWAP,)), copies, free
