@@ -24,6 +24,7 @@ import kopf
 import structlog
 
 from matrixpool import clock
+from matrixpool.api import labels
 from matrixpool.controllers import (
     autoscaler,
     cleanup,
@@ -40,7 +41,7 @@ from matrixpool.controllers.recovery import heartbeat
 from matrixpool.controllers.recovery import memory as recovery_memory
 from matrixpool.controllers.scheduling import cycle as scheduler
 from matrixpool.controllers.scheduling import cyclestate
-from matrixpool.k8s import anchor, daemonleases, executor
+from matrixpool.k8s import anchor, daemonleases, executor, nodeleases
 from matrixpool.k8s import client as k8s_client
 from matrixpool.k8s.convert import PodFacts
 from matrixpool.placement import inventory
@@ -58,6 +59,8 @@ YIELD_SECONDS = 0.001  # between a pass's steps, for the watches' handlers (a ti
 # a watch event takes several hops of the event loop to reach its handler)
 ERROR_BACKOFF_SECONDS = 2.0
 LABEL = {anchor.COMPONENT_LABEL: anchor.COMPONENT}
+NODE_LEASES_KEY = "node_leases"  # in kopf's memo: the kubelets' Leases (k8s.nodeleases)
+LEASES_LISTED_SECONDS = 60.0  # the most startup waits for their first listing
 # Test knob: seconds by which the loop's view of the pod index lags the API (default 0).
 LAG_VARIABLE = "MATRIXPOOL_WATCH_LAG_SECONDS"
 log = structlog.get_logger(__name__)
@@ -74,6 +77,28 @@ async def create_anchor(settings: kopf.OperatorSettings, **_: Any) -> None:
         f"{anchor.COMPONENT_LABEL}={anchor.COMPONENT}"
     )
     await anchor.ensure(namespace())
+
+
+@kopf.on.startup()
+async def watch_node_leases(memo: kopf.Memo, settings: kopf.OperatorSettings, **_: Any) -> None:
+    """The kubelets' Leases, watched on a thread of their own (:mod:`matrixpool.k8s.nodeleases`);
+    kopf then watches only the checkpoint daemons' Leases (by label, at the API server). The
+    loop starts once they are listed, as it does once kopf's indexes are."""
+    settings.watching.label_selectors["coordination.k8s.io", "leases"] = (
+        f"{labels.CKPT_DAEMON}=true"
+    )
+    leases = memo[NODE_LEASES_KEY] = nodeleases.NodeLeases().start()
+    if not await asyncio.to_thread(leases.listed.wait, LEASES_LISTED_SECONDS):
+        log.warning(
+            "the kubelets' Leases are not listed yet; going on", waited=LEASES_LISTED_SECONDS
+        )
+
+
+@kopf.on.cleanup()
+async def stop_node_leases(memo: kopf.Memo, **_: Any) -> None:
+    leases = memo.get(NODE_LEASES_KEY)
+    if isinstance(leases, nodeleases.NodeLeases):
+        leases.stop()
 
 
 @kopf.on.cleanup()
@@ -102,13 +127,13 @@ async def main_loop(
     gang_pods: kopf.Index[str, PodFacts],
     training_jobs: kopf.Index[str, workloads.Workload],
     inference_services: kopf.Index[str, workloads.Workload],
-    node_leases: kopf.Index[str, tuple[float, float]],
     daemon_leases: kopf.Index[str, daemonleases.Announced],
     memo: kopf.Memo | None = None,
     **_: Any,
 ) -> None:
     log.info("main loop started", namespace=namespace())
     alarm = wake.of(memo) or wake.Wake()  # rung by workload and pod events (controllers.wake)
+    kubelets = memo.get(NODE_LEASES_KEY) if memo is not None else None  # their Leases
     state = Controllers()
     lagged = Lagged(float(os.environ.get(LAG_VARIABLE) or 0))
 
@@ -131,7 +156,7 @@ async def main_loop(
             nodes=with_endpoints(_all(node_facts), announced, state.refused),
             foreign=supernode.Facts.sum_held(foreign_pods),
             workloads=[*_all(training_jobs), *_all(inference_services)],
-            stale=state.leases.observe(_first(node_leases), now),
+            stale=state.leases.observe(kubelets.snapshot() if kubelets else {}, now),
         )
 
     def read() -> world.World:

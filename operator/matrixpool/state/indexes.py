@@ -12,13 +12,15 @@ index                     of                                          key → va
 ========================  ==========================================  ============================
 ``node_facts``            Nodes                                       node → NodeInfo
 ``daemon_leases``         checkpoint daemons' Leases (own namespace)  node → Announced
-``node_leases``           kubelets' Leases (kube-node-lease)          node → (renewed, duration)
 ``foreign_pods``          pods matrixpool did not place               node → requests held
 ``supernode_models``      SuperNodes                                  name → SuperNode
 ``training_jobs``         TrainingJobs                                "<ns>/<name>" → Workload
 ``inference_services``    InferenceServices                           "<ns>/<name>" → Workload
 ``gang_pods``             pods labelled ``matrixpool.dev/job``        "<ns>/<owner>" → PodFacts
 ========================  ==========================================  ============================
+
+The kubelets' Leases are not a kopf index: at ~300 renewals a second (64 supernodes) kopf's
+per-event cost on the event loop was too much; :mod:`matrixpool.k8s.nodeleases` keeps them.
 
 The index functions are coroutines though they never await: kopf runs a plain function in a
 worker thread for every event of its resource, a hop that costs more than the function itself,
@@ -27,7 +29,6 @@ and every pod event runs two of them.
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Mapping
 from typing import Any
 
@@ -89,26 +90,6 @@ async def supernode_models(name: str, body: kopf.Body, **_: Any) -> dict[str, su
         return {name: supernode.parse(common.plain(body))}
     except pydantic.ValidationError:
         return {}  # the CRD rejects such specs; if one slips through, it is left alone
-
-
-LEASE_NAMESPACE = "kube-node-lease"
-
-
-@kopf.index(
-    "coordination.k8s.io",
-    "v1",
-    "leases",
-    when=lambda namespace, **_: namespace == LEASE_NAMESPACE,
-)
-async def node_leases(
-    name: str, spec: Mapping[str, Any], **_: Any
-) -> dict[str, tuple[float, float]]:
-    """Node → (renewTime as epoch seconds, leaseDurationSeconds) of its kubelet's Lease."""
-    renewed = spec.get("renewTime")
-    if not renewed:
-        return {}
-    when = datetime.datetime.fromisoformat(str(renewed).replace("Z", "+00:00")).timestamp()
-    return {name: (when, float(spec.get("leaseDurationSeconds") or 40))}
 
 
 # ---- SuperNodes and workloads ------------------------------------------------------------

@@ -4,10 +4,8 @@ once mean the API server, and how the Lease index reads one."""
 
 from __future__ import annotations
 
-import asyncio
-
 from matrixpool.controllers.recovery import heartbeat
-from matrixpool.state import indexes
+from matrixpool.k8s import nodeleases
 
 
 def test_many_overdue_leases_at_once_mean_the_api_server_not_the_nodes() -> None:
@@ -33,9 +31,8 @@ def test_lease_age_is_measured_from_when_its_renew_time_last_changed_on_the_oper
     assert "n1" not in leases.seen, "a node whose Lease went is forgotten"
 
 
-def test_a_lease_index_entry_reads_renew_time_and_duration() -> None:
+def test_a_kubelet_lease_reads_renew_time_and_duration() -> None:
     spec = {"renewTime": "2026-11-30T05:00:00.000000Z", "leaseDurationSeconds": 40}
-    [(name, (renewed, duration))] = asyncio.run(indexes.node_leases(name="n3", spec=spec)).items()
-    assert (name, duration) == ("n3", 40.0)
-    assert renewed == 1796014800.0
-    assert asyncio.run(indexes.node_leases(name="n4", spec={})) == {}
+    assert nodeleases.parse("n3", spec) == (1796014800.0, 40.0)
+    assert nodeleases.parse("n4", {}) is None
+    assert nodeleases.parse("n5", {"renewTime": "2026-11-30T05:00:00Z"}) == (1796014800.0, 40.0)
