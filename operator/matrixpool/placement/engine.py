@@ -22,7 +22,10 @@ Rules of DESIGN.md's scheduling contract, and where they live:
   of the gang may not go to, and a gang that does not fit says which of these kept nodes out
   (:mod:`matrixpool.placement.diagnose`);
 - preemption of strictly lower priorities, the least lost work inside the domain the gang goes
-  to: :mod:`matrixpool.placement.preemption`.
+  to: :mod:`matrixpool.placement.preemption`;
+- a training gang that would need fewer racks once the cards of pods going away are free
+  (``Holding.leaving``) waits for them (:data:`LEAVING`); :func:`preempt` then evicts nobody
+  and names where it will go, so the scheduler holds the free part of it meanwhile.
 
 Pods of a gang that already hold cards (a gang half-bound when the operator died) keep them;
 only the rest is placed, in the same supernode when the gang is ``Required``.
@@ -64,6 +67,7 @@ __all__ = [
 INSUFFICIENT_CARDS = "InsufficientCards"  # fewer free cards than the gang needs
 FRAGMENTED = "Fragmented"  # enough free cards, but not in the shape the gang needs
 NO_VICTIMS = "NoVictims"  # even preempting every lower priority would not make room
+LEAVING = "WaitingForLeavingPods"  # fewer racks once the cards of pods going away are free
 
 
 def check_servable(
@@ -85,8 +89,13 @@ def check_servable(
     return servable.check(servable.merged(summaries.values()), gang)
 
 
-def place(snapshot: Snapshot, gang: GangRequest) -> Placement | Unplaceable:
-    """Where the whole gang goes on ``snapshot`` (unchanged on return), or why it cannot."""
+def place(snapshot: Snapshot, gang: GangRequest, patient: bool = True) -> Placement | Unplaceable:
+    """Where the whole gang goes on ``snapshot`` (unchanged on return), or why it cannot.
+
+    ``patient``: a training gang that would cross more racks now than once the cards of the
+    pods going away (``Snapshot.leaving``) are free waits for them (reason ``LEAVING``): a
+    deleted gang's pods go one by one, and a gang placed while they go takes the first freed
+    nodes of many racks instead of the whole racks a second later."""
     # 1. specs that can never be served
     never = _never(snapshot, gang)
     if never is not None:
@@ -101,6 +110,8 @@ def place(snapshot: Snapshot, gang: GangRequest) -> Placement | Unplaceable:
     # 4. what was done is discarded; the answer says what to commit
     if placed is None:
         return Unplaceable(gang.gang, (_why(snapshot, gang, pending),))
+    if patient and _sooner_fewer(snapshot, gang, pending, kept, placed) is not None:
+        return Unplaceable(gang.gang, (_leaving(gang),))
     return _placement(gang, kept, placed)
 
 
@@ -122,10 +133,15 @@ def preempt(
     if never is not None:
         return never
     sim = snapshot.copy()
-    placed = _as_placement(place(sim, gang))
-    if placed is not None:
-        return Preemption(placed)
-    # 2. the cheapest plan by the rule, over every scope (supernodes, racks)
+    verdict = place(sim, gang)
+    if isinstance(verdict, Placement):
+        return Preemption(verdict)
+    # 2. a gang that waits for pods going away evicts nobody: it holds what it will take
+    if verdict.reasons[0].code == LEAVING:
+        later = _after_leaving(sim, gang)
+        if later is not None:
+            return Preemption(later)
+    # 3. the cheapest plan by the rule, over every scope (supernodes, racks)
     best = preemption.best(sim, gang, victims, _fits, rule)
     if best is None:
         return Unplaceable(gang.gang, (_why(snapshot, gang, gang.pods), _no_victims(gang)))
@@ -164,6 +180,58 @@ def _place_tentatively(
     if gang.affinity is Affinity.PREFERRED:
         return _span(snap, gang, pending)
     return None
+
+
+def _sooner_fewer(
+    snap: Snapshot,
+    gang: GangRequest,
+    pending: Sequence[PodRequest],
+    kept: Mapping[PodKey, Assignment],
+    placed: Sequence[Assignment],
+) -> list[Assignment] | None:
+    """Where a training gang (several pods, no rank groups, none bound yet) would go once the
+    pods going away are gone, when that needs fewer racks than ``placed``; else None."""
+    if not snap.leaving or gang.spread_group or kept or len(pending) < 2:
+        return None
+    if (gang.group_size or 1) > 1:
+        return None
+    now = _racks(snap, placed)
+    size = max(p.cards for p in pending)
+    largest = snap.largest_rack(size)
+    if now <= (-(-len(pending) // largest) if largest else 1):
+        return None  # already the fewest any rack could allow
+    with snap.tentative():
+        for leaving_gang, pods in snap.leaving.items():
+            if leaving_gang != gang.gang:
+                snap.release_pods(leaving_gang, pods)
+        snap.restrict(gang.needs)
+        later = _place_tentatively(snap, gang, pending, kept)
+    return later if later is not None and _racks(snap, later) < now else None
+
+
+def _after_leaving(snap: Snapshot, gang: GangRequest) -> Placement | None:
+    """The placement :func:`_sooner_fewer` waits for, as a whole gang's placement."""
+    kept = snap.kept(gang.gang)
+    pending = tuple(p for p in gang.pods if p.pod not in kept)
+    with snap.tentative():
+        snap.restrict(gang.needs)
+        placed = _place_tentatively(snap, gang, pending, kept)
+    if placed is None:
+        return None
+    later = _sooner_fewer(snap, gang, pending, kept, placed)
+    return _placement(gang, kept, later) if later is not None else None
+
+
+def _racks(snap: Snapshot, placed: Sequence[Assignment]) -> int:
+    layout = snap.layout
+    return len({layout.node_rack[layout.index[a.node]] for a in placed})
+
+
+def _leaving(gang: GangRequest) -> Reason:
+    return Reason(
+        LEAVING,
+        f"waits for the cards of pods going away: {len(gang.pods)} pods then need fewer racks",
+    )
 
 
 def _one_supernode_candidates(
@@ -312,7 +380,7 @@ def _shape(gang: GangRequest, pending: Sequence[PodRequest]) -> str:
 
 
 def _fits(snap: Snapshot, gang: GangRequest) -> Placement | None:
-    return _as_placement(place(snap, gang))
+    return _as_placement(place(snap, gang, patient=False))
 
 
 def _as_placement(verdict: Placement | Unplaceable) -> Placement | None:

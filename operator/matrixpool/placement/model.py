@@ -65,6 +65,7 @@ class Holding:
     priority: int
     spread_group: str | None = None  # the pod's GangRequest.spread_group (inference role)
     requests: nodefit.Resources = ()  # what the pod requests of its node besides cards
+    leaving: bool = False  # the pod is going away (deleting, or its workload is gone)
 
 
 @dataclass(frozen=True)

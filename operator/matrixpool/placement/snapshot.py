@@ -203,6 +203,7 @@ class Snapshot:
         self.sn_partial: list[set[int]] = [set() for _ in range(supernodes)]
         self.sn_version = [0] * supernodes
         self.held: dict[GangKey, dict[PodKey, Held]] = {}
+        self.leaving: dict[GangKey, set[PodKey]] = {}  # pods going away, their cards held
         self.used: dict[int, dict[str, int]] = {}  # node → requests held (never mutated: replaced)
         self._capacities: dict[tuple[int, int, int], tuple[int, int]] = {}
         self._rooms: dict[tuple[int, int], tuple[int, dict[int, int]]] = {}
@@ -224,6 +225,8 @@ class Snapshot:
             node = layout.index.get(h.node, -1)
             held_as = (node, cards.mask_of(h.cards), h.priority, h.spread_group, h.requests)
             snapshot._hold(h.gang, h.pod, held_as)
+            if h.leaving:
+                snapshot.leaving.setdefault(h.gang, set()).add(h.pod)
         return snapshot
 
     def copy(self) -> Snapshot:
@@ -239,6 +242,7 @@ class Snapshot:
         other.sn_partial = [set(s) for s in self.sn_partial]
         other.sn_version = list(self.sn_version)
         other.held = {g: dict(p) for g, p in self.held.items()}
+        other.leaving = {g: set(p) for g, p in self.leaving.items()}
         other.used = dict(self.used)
         other._capacities = dict(self._capacities)
         other._rooms = dict(self._rooms)
@@ -270,7 +274,8 @@ class Snapshot:
             for pod, (i, mask, priority, spread, requests) in sorted(pods.items()):
                 node = names[i] if i >= 0 else NodeName("")
                 taken = frozenset(cards.cards_of(mask))
-                yield Holding(pod, gang, node, taken, priority, spread, requests)
+                leaving = pod in self.leaving.get(gang, ())
+                yield Holding(pod, gang, node, taken, priority, spread, requests, leaving)
 
     def held_cards(self, gang: GangKey) -> int:
         return sum(held[1].bit_count() for held in self.held.get(gang, {}).values())

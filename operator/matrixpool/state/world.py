@@ -277,24 +277,29 @@ def pinned(world: World, priorities: Mapping[str, int]) -> list[model.Holding]:
 
 
 def holdings(world: World) -> list[model.Holding]:
-    """Every card held: by pods (bound, reserved, assumed, terminating) and by recovery pins."""
+    """Every card held: by pods (bound, reserved, assumed, terminating) and by recovery pins.
+    A pod deleting, or whose workload is gone, is ``leaving`` unless its node is down or its
+    kubelet silent (its cards may then never come back)."""
     priorities = {w.key: w.model.spec.priority if w.model else 0 for w in world.workloads}
     result = pinned(world, priorities)
+    dead = {n.name for n in world.nodes if n.down} | world.stale
     for owner, facts in world.pods.items():
         for pod in facts:
             if not pod.holds_cards:
                 continue
             training = pod.kind == trainingjob.KIND
             gang = owner if training else f"{owner}/{pod.role}/{pod.replica}"
+            node = pod.node or pod.reserved_node or ""
             result.append(
                 model.Holding(
                     pod=model.PodKey(pod.key),
                     gang=model.GangKey(gang),
-                    node=inventory.NodeName(pod.node or pod.reserved_node or ""),
+                    node=inventory.NodeName(node),
                     cards=frozenset(model.CardId(c) for c in pod.cards),
                     priority=priorities.get(owner, 1 << 30),
                     spread_group=None if training else f"{owner}/{pod.role}",
                     requests=pod.requests,
+                    leaving=(pod.deleting or owner not in priorities) and node not in dead,
                 )
             )
     return result
