@@ -28,3 +28,24 @@ def test_the_binding_cycle_is_read_apart_from_the_scheduling_cycle() -> None:
     assert 1.0 < binds["p50_s"] < binds["p99_s"] <= 2.0
     assert cycles["p99_s"] is not None
     assert cycles["p99_s"] <= 1.0
+
+
+def test_issue34_goals_read_the_largest_scale_against_the_smallest() -> None:
+    low = {"detect_s": 0.02, "detect_after_shown_s": 0.01}
+    high = {
+        "cycles": {"submission": {"share_within_1s": 0.7333}},
+        "binding_p99_s": {"submission": 1.9883},
+        "detect_s": 0.094,
+        "detect_after_shown_s": 0.014,
+    }
+    goals = scale.issue34_goals(low, high)
+    assert goals["cycle_p99_submission_within_1s"] is False
+    assert goals["binding_p99_submission_within_2s"] is True
+    assert goals["detect_s_growth"] == 4.7
+    assert goals["detect_s_within_1.5x"] is False
+    assert goals["detect_after_shown_s_growth"] == 1.4
+    assert goals["detect_after_shown_s_within_1.5x"] is True
+    missing = scale.issue34_goals({}, {})
+    assert missing["detect_s_growth"] is None
+    assert missing["detect_s_within_1.5x"] is False
+    assert missing["binding_p99_submission_within_2s"] is False
