@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -102,6 +103,7 @@ class PodFacts:
     requests: nodefit.Resources = ()  # what it requests of its node (cards included)
     ip: str = ""  # status.podIP: where an inference pod serves its /metrics (autoscaler)
     world: int = 0  # env MATRIXPOOL_WORLD_SIZE of a training pod: the gang it was made for
+    gone_by: float = 0.0  # metadata.deletionTimestamp (epoch s): when its grace ends; 0: none
 
     @property
     def key(self) -> str:
@@ -146,6 +148,7 @@ def pod_facts(
         cards=cards,
         phase=status.get("phase") or "Pending",
         deleting=bool(meta.get("deletionTimestamp")),
+        gone_by=_epoch(meta.get("deletionTimestamp")),
         ready=ready,
         restore=annotations.get(names.RESTORE, ""),
         incarnation=_number(annotations.get(names.INCARNATION)),
@@ -168,3 +171,13 @@ def world_of(spec: Mapping[str, Any]) -> int:
 
 def _number(text: str | None) -> int:
     return int(text) if text and text.isdigit() else 0
+
+
+def _epoch(stamp: Any) -> float:
+    """An RFC 3339 time as epoch seconds; 0.0 for none or one that does not parse."""
+    if not stamp:
+        return 0.0
+    try:
+        return datetime.datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from matrixpool import clock
 from matrixpool.api import common, supernode, trainingjob
 from matrixpool.k8s import convert
 from matrixpool.placement import inventory, model
@@ -276,6 +277,24 @@ def pinned(world: World, priorities: Mapping[str, int]) -> list[model.Holding]:
     return result
 
 
+# A pod going away counts as leaving (a gang may wait for its cards: placement.engine) only
+# while its grace ends within this long, and until it is this long overdue: a pod stuck in
+# Terminating (a finalizer, a kubelet that cannot kill it) must not hold a gang back for good.
+LEAVING_AHEAD_SECONDS = 30.0  # the default terminationGracePeriodSeconds
+LEAVING_OVERDUE_SECONDS = 5.0
+
+
+def leaving(pod: convert.PodFacts, owned: bool, now: float) -> bool:
+    """Whether ``pod``'s cards are about to be free: it is being deleted (and its grace ends
+    within :data:`LEAVING_AHEAD_SECONDS`, not more than :data:`LEAVING_OVERDUE_SECONDS` ago),
+    or its workload is gone (``owned`` False: deleted next)."""
+    if not pod.deleting:
+        return not owned
+    if not pod.gone_by:
+        return True
+    return now - LEAVING_OVERDUE_SECONDS <= pod.gone_by <= now + LEAVING_AHEAD_SECONDS
+
+
 def holdings(world: World) -> list[model.Holding]:
     """Every card held: by pods (bound, reserved, assumed, terminating) and by recovery pins.
     A pod deleting, or whose workload is gone, is ``leaving`` unless its node is down or its
@@ -283,6 +302,7 @@ def holdings(world: World) -> list[model.Holding]:
     priorities = {w.key: w.model.spec.priority if w.model else 0 for w in world.workloads}
     result = pinned(world, priorities)
     dead = {n.name for n in world.nodes if n.down} | world.stale
+    now = clock.SYSTEM.now().timestamp()
     for owner, facts in world.pods.items():
         for pod in facts:
             if not pod.holds_cards:
@@ -299,7 +319,7 @@ def holdings(world: World) -> list[model.Holding]:
                     priority=priorities.get(owner, 1 << 30),
                     spread_group=None if training else f"{owner}/{pod.role}",
                     requests=pod.requests,
-                    leaving=(pod.deleting or owner not in priorities) and node not in dead,
+                    leaving=node not in dead and leaving(pod, owner in priorities, now),
                 )
             )
     return result

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from matrixpool.k8s import convert
 from matrixpool.placement import engine, model
 from matrixpool.state import world
 from tests.builders import gang, holding, supernode
@@ -119,3 +120,76 @@ def test_pods_deleting_or_of_a_workload_gone_are_leaving_unless_their_node_is_do
     assert leaving == {"ns/a-0": True, "ns/a-1": False, "ns/b-0": True, "ns/b-1": True}
     kept = fixed_world(index(*running("a", 2)), [job("a", 2)])
     assert not any(h.leaving for h in world.holdings(kept))
+
+
+def test_a_pod_counts_as_leaving_only_while_its_grace_ends_soon_and_not_long_overdue() -> None:
+    """A pod stuck in Terminating (a finalizer, a kubelet that cannot kill it) must not hold a
+    gang back for good; nor is a gang held for a pod whose grace runs for many minutes."""
+    now = 1_000_000.0
+    pod = running("a", 1)[0]
+
+    def going(gone_by: float) -> bool:
+        return world.leaving(dataclasses.replace(pod, deleting=True, gone_by=gone_by), True, now)
+
+    assert going(now + 30)  # the default grace, just begun
+    assert going(now - 5)  # overdue by a few seconds: the kubelet is still at it
+    assert not going(now - 6)  # long overdue: stuck
+    assert not going(now + 31)  # a grace of minutes: not worth waiting for
+    assert world.leaving(dataclasses.replace(pod, deleting=True), True, now)  # no time said
+    assert world.leaving(pod, False, now)  # its workload is gone: deleted next
+    assert not world.leaving(pod, True, now)  # stays
+
+
+def test_a_pods_deletion_time_is_read_from_its_metadata() -> None:
+    labels = {"matrixpool.dev/job": "a", "matrixpool.dev/rank": "0"}
+    meta = {"uid": "u", "deletionTimestamp": "2026-12-05T11:00:30Z"}
+    facts = convert.pod_facts("a-0", "ns", labels, {}, {}, {}, meta)
+    assert facts is not None
+    assert facts.deleting
+    assert facts.gone_by == 1796468430.0
+    alive = convert.pod_facts("a-0", "ns", labels, {}, {}, {}, {"uid": "u"})
+    assert alive is not None
+    assert alive.gone_by == 0.0
+
+
+def test_a_gang_that_waits_for_leaving_pods_says_so_in_its_event() -> None:
+    """The cycle's reason for a gang that waits for fewer racks is its own, not the one
+    for a preemptor's victims going."""
+    import asyncio
+
+    from matrixpool.api import supernode as api_supernode
+    from matrixpool.controllers.scheduling import cycle as scheduler
+    from matrixpool.controllers.scheduling import cyclestate
+    from matrixpool.state import assumed as assuming
+    from tests.unit.recorder import Recorder
+    from tests.unit.worlds import pod
+
+    # racks of two nodes: old-0 on n0 (going) and old-1 on n2 (staying) leave n1 and n3 free
+    going = pod("old-0", "u0", node="n0", cards=frozenset(WHOLE), phase="Running")
+    going = dataclasses.replace(going, deleting=True)
+    staying = pod("old-1", "u1", node="n2", cards=frozenset(WHOLE), phase="Running")
+    flat = fixed_world(index(going, staying), [job("old", 2), job("new", 2)])
+    racked = api_supernode.parse(
+        {
+            "apiVersion": "matrixpool.dev/v1alpha1",
+            "kind": "SuperNode",
+            "metadata": {"name": "sn-a", "uid": "uid-sn-a"},
+            "spec": {
+                "nodeSelector": {"matchLabels": {"sn": "a"}},
+                "cardResource": "huawei.com/Ascend910",
+                "cardsPerNode": 8,
+                "topologyKeys": ["matrixpool.dev/rack"],
+            },
+        }
+    )
+    seen = dataclasses.replace(flat, supernodes={"sn-a": racked})
+
+    async def scenario() -> Recorder:
+        act = Recorder()
+        await scheduler.run_cycle(lambda: seen, cyclestate.Memory(), assuming.Assumed(), act)
+        return act
+
+    act = asyncio.run(scenario())
+    assert act.bound_to == {}  # n1 and n3 now would cross 2 racks; n0 and n1 soon, 1
+    reasons = [(name, reason) for name, _, reason, _ in act.events if name == "new"]
+    assert reasons == [("new", engine.LEAVING)]

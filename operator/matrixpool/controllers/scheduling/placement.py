@@ -85,7 +85,10 @@ async def place(
                     cycle.preempted = True
                     return bindings  # the world changes; place again next cycle
                 snapshot.hold_free(plan.placement)  # its victims' pods are going
-                note_reason(cycle, item, CARDS_BEING_FREED)
+                first = verdict.reasons[0]  # or, waiting for fewer racks, others' pods are
+                note_reason(
+                    cycle, item, first if first.code == engine.LEAVING else CARDS_BEING_FREED
+                )
                 continue
         note_reason(cycle, item, verdict.reasons[0])
         if verdict.permanent:
