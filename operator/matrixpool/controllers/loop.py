@@ -156,7 +156,7 @@ async def main_loop(
             nodes=with_endpoints(_all(node_facts), announced, state.refused),
             foreign=supernode.Facts.sum_held(foreign_pods),
             workloads=[*_all(training_jobs), *_all(inference_services)],
-            stale=state.leases.observe(kubelets.snapshot() if kubelets else {}, now),
+            stale=overdue(state, kubelets.snapshot() if kubelets else {}, now),
         )
 
     def read() -> world.World:
@@ -307,6 +307,7 @@ class Controllers:
     tables: ranktable.Memory = field(default_factory=ranktable.Memory)  # HCCL rank tables
     unreported: bool = False  # a binding cycle started and the status is not written since
     refused: set[tuple[str, str]] = field(default_factory=set)  # (node, endpoint) Leases said
+    overdue: frozenset[str] = frozenset()  # nodes whose kubelet Lease was overdue, last read
 
     def forget(self, uid: str, key: str) -> None:
         """Drop the workload ``uid`` (named ``key``) from every memory kept by workload."""
@@ -393,6 +394,30 @@ class Lagged:
         while len(self.history) > 1 and self.history[1][0] <= now - self.lag:
             self.history.popleft()
         return self.history[0][1]
+
+
+def overdue(
+    state: Controllers, leases: dict[str, tuple[float, float]], now: float
+) -> frozenset[str]:
+    """The nodes whose kubelet Lease is overdue (:meth:`heartbeat.LeaseClock.observe`), each
+    said once when it becomes so: how long its renewTime has not changed on the operator's
+    clock, and how old the newest renewal of any node is (a large one: the watch is behind, not
+    the kubelet)."""
+    stale = state.leases.observe(leases, now)
+    if stale - state.overdue:
+        newest = max((renewed for renewed, _ in leases.values()), default=0.0)
+        wall = clock.SYSTEM.now().timestamp()
+        for node in sorted(stale - state.overdue):
+            renewed, seen = state.leases.seen[node]
+            log.warning(
+                "kubelet Lease overdue: the node counts as down",
+                node=node,
+                unchanged_s=round(now - seen, 1),
+                renewed_s_ago=round(wall - renewed, 1),
+                newest_renewal_s_ago=round(wall - newest, 1),
+            )
+    state.overdue = stale
+    return stale
 
 
 def with_endpoints(

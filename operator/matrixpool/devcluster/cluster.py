@@ -707,7 +707,7 @@ class Cluster:
             f"--manage-nodes-with-annotation-selector={topology.KWOK_ANNOTATION}=fake",
             "--cidr=127.200.0.1/16",  # pod IPs on loopback: the sim's pods serve on them
             "--node-ip=10.0.0.1",
-            "--node-lease-duration-seconds=40",
+            f"--node-lease-duration-seconds={kwok_lease_seconds()}",
             f"--server-address=127.0.0.1:{ports.kwok}",
         ]
 
@@ -1088,3 +1088,14 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
     elif path.exists():
         path.unlink()
+
+
+KWOK_LEASE_VARIABLE = "MATRIXPOOL_KWOK_LEASE_SECONDS"
+
+
+def kwok_lease_seconds() -> int:
+    """The simulated kubelets' ``leaseDurationSeconds`` (a kubelet's nodeLeaseDurationSeconds;
+    renewed every quarter of it): 40, a kubelet's default, unless $MATRIXPOOL_KWOK_LEASE_SECONDS
+    says otherwise (the scale benchmark, whose kwok on two shared cores could not renew 3,072
+    Leases every 10 s while it started thousands of pods)."""
+    return int(os.environ.get(KWOK_LEASE_VARIABLE) or 40)

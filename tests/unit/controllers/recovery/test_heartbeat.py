@@ -36,3 +36,21 @@ def test_a_kubelet_lease_reads_renew_time_and_duration() -> None:
     assert nodeleases.parse("n3", spec) == (1796014800.0, 40.0)
     assert nodeleases.parse("n4", {}) is None
     assert nodeleases.parse("n5", {"renewTime": "2026-11-30T05:00:00Z"}) == (1796014800.0, 40.0)
+
+
+def test_the_loop_says_once_which_kubelet_lease_went_overdue() -> None:
+    from structlog.testing import capture_logs
+
+    from matrixpool.controllers import loop
+
+    state = loop.Controllers()
+    fleet = {f"n{i}": (100.0, 40.0) for i in range(8)}
+    assert loop.overdue(state, fleet, now=1000.0) == frozenset()
+    renewed = {n: (110.0, 40.0) for n in fleet if n != "n3"}
+    with capture_logs() as logs:
+        assert loop.overdue(state, {**fleet, **renewed}, now=1031.0) == {"n3"}
+        assert loop.overdue(state, {**fleet, **renewed}, now=1032.0) == {"n3"}  # said once
+    said = [e for e in logs if e["event"].startswith("kubelet Lease overdue")]
+    assert [e["node"] for e in said] == ["n3"]
+    assert said[0]["unchanged_s"] == 31.0
+    assert state.overdue == {"n3"}
