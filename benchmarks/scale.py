@@ -94,6 +94,7 @@ CYCLE = "matrixpool_cycle_seconds"  # the scheduling cycle: it decides
 BINDING = "matrixpool_gang_bind_seconds"  # its binding cycle: reserve and bind, apart
 BOUND = "matrixpool_bound_pods_total"
 GOAL_CYCLE_P99_SECONDS = 1.0
+JITTER_SECONDS = 0.01  # between this script's Node watch and the operator's, at the floor
 KWOK_LEASE_SECONDS = 120  # the simulated kubelets' leaseDurationSeconds (module docstring)
 GOAL_RECOVERY_GROWTH = 2.0
 TOP = 8  # (verb, resource, subresource) rows kept per phase
@@ -652,7 +653,7 @@ def issue34_goals(low: Mapping[str, Any], high: Mapping[str, Any]) -> dict[str, 
     """Issue 34's goals at the largest scale: scheduling-cycle p99 within 1 s and binding-cycle
     p99 within 2 s while the jobs are submitted (exact: both are bucket bounds), detection
     within 1.5x the smallest scale's — measured from the injection, and from when the Node
-    showed NotReady (without kwok's part)."""
+    showed NotReady (without kwok's part; its base no less than :data:`JITTER_SECONDS`)."""
     cycles = (high.get("cycles") or {}).get("submission") or {}
     share = cycles.get("share_within_1s")
     binding = (high.get("binding_p99_s") or {}).get("submission")
@@ -662,6 +663,8 @@ def issue34_goals(low: Mapping[str, Any], high: Mapping[str, Any]) -> dict[str, 
     }
     for figure in ("detect_s", "detect_after_shown_s"):
         a, b = low.get(figure), high.get(figure)
+        if figure == "detect_after_shown_s" and a is not None:
+            a = max(a, JITTER_SECONDS)  # ~0 at 4 supernodes: the two watches see it together
         ratio = round(b / a, 2) if a and b is not None else None
         found[f"{figure}_growth"] = ratio
         found[f"{figure}_within_1.5x"] = ratio is not None and ratio <= 1.5

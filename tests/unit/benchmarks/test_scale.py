@@ -45,6 +45,8 @@ def test_issue34_goals_read_the_largest_scale_against_the_smallest() -> None:
     assert goals["detect_s_within_1.5x"] is False
     assert goals["detect_after_shown_s_growth"] == 1.4
     assert goals["detect_after_shown_s_within_1.5x"] is True
+    at_once = scale.issue34_goals({"detect_after_shown_s": -0.001}, {"detect_after_shown_s": 0.012})
+    assert at_once["detect_after_shown_s_growth"] == 1.2  # against the 10 ms floor
     missing = scale.issue34_goals({}, {})
     assert missing["detect_s_growth"] is None
     assert missing["detect_s_within_1.5x"] is False
