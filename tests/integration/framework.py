@@ -284,11 +284,13 @@ class Endpoints:
         self.cluster, self.namespace, self.name = cluster, namespace, name
         self.port, self.health, self.roles = port, health, roles
         self.now: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+        self.seen: set[str] = set()  # every endpoint listed so far
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.follow, daemon=True)
 
     def __enter__(self) -> Endpoints:
         self.now = self.read()
+        self.seen.update(*self.now)
         self.thread.start()
         return self
 
@@ -299,6 +301,15 @@ class Endpoints:
     def follow(self) -> None:
         while not self.stop.wait(0.5):
             self.now = self.read()
+            self.seen.update(*self.now)
+
+    def stopped(self) -> bool:
+        """Whether every endpoint that left the list no longer answers (its pod's processes
+        have drained and exited). kwok removes a deleted pod's object at once and may give its
+        address to the next pod while the old processes still drain behind it (a kubelet keeps
+        the address until they are gone): a scale-up must not come before this."""
+        current = {url for urls in self.now for url in urls}
+        return not any(self.healthy(url) for url in self.seen - current)
 
     def read(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         pods = self.cluster.api.core.list_namespaced_pod(

@@ -157,6 +157,8 @@ def test_llama_cpp_pods_scale_with_a_stepped_load_and_a_burst_and_no_request_fai
             if replicas(cluster, namespace, "chat") == 1:
                 break
         assert replicas(cluster, namespace, "chat") == 1, advice(cluster, namespace, "chat")
+        # the removed instances drain and exit before a scale-up may take their addresses
+        framework.eventually(endpoints.stopped, timeout=40, what="the removed ones stopped")
         # 1. the step: the role grows; once settled the SLO holds
         step = send(endpoints, [4 * BASE], 40, seed=2)
         records += step
@@ -172,6 +174,7 @@ def test_llama_cpp_pods_scale_with_a_stepped_load_and_a_burst_and_no_request_fai
             timeout=60,
             what="one instance left, and one advised",
         )
+        framework.eventually(endpoints.stopped, timeout=40, what="the removed ones stopped")
         # 3. a burst of 8x: more instances within one period of its start. The decision's own
         # time (status.recommendation.time, written right after the reading it came from)
         # against the burst's start: the first reading after the start decides, or the second
