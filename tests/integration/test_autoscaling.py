@@ -115,6 +115,11 @@ def attained(records: list[loadgen.Record], after_s: float) -> float:
 CLOCK_START = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC)
 CLOCK_SPEED = 6
 NIGHT_CARDS = 2
+# Requests/s of DECODE_HEAVY at night: ~2,800 output tokens/s, two decode replicas at the
+# ~2,500 tokens/s a replica is learned to yield within the SLO (80% target), so the night's cap,
+# not the load, is what holds decode at one. At step 3's 10/s one replica (0.94) is enough once
+# the capacity is learned, and whether the cap or the load held it was up to that figure.
+NIGHT_RATE = 14.0
 
 
 def windows(day_ends: str = "00:00") -> dict[str, Any]:
@@ -209,21 +214,22 @@ def test_a_stepped_load_scales_prefill_and_decode_apart_and_no_request_fails(
         records += long
         assert replicas_of(recommended(cluster, namespace, "chat"))["decode"] >= 2
         assert attained(long, after_s=20) >= 0.95
-        # 4. night falls under the same load: down to the night's 2 cards, removed pods drain
+        # 4. night falls under a decode load that needs two decode replicas: down to the
+        # night's 2 cards all the same, removed pods drain
         night_in_a_minute(cluster, operator)
         seed = 4
         while window_of(cluster) != "night":
-            records += send(endpoints, 10.0, DECODE_HEAVY, 5, seed=seed)
+            records += send(endpoints, NIGHT_RATE, DECODE_HEAVY, 5, seed=seed)
             seed += 1
         cards: list[int] = []
         for _ in range(4):
-            records += send(endpoints, 10.0, DECODE_HEAVY, 5, seed=seed)
+            records += send(endpoints, NIGHT_RATE, DECODE_HEAVY, 5, seed=seed)
             seed += 1
             cards.append(bound_cards(cluster, namespace))
     assert max(cards[1:]) <= NIGHT_CARDS, cards
     advice = recommended(cluster, namespace, "chat")
     assert replicas_of(advice) == {"prefill": 1, "decode": 1}, advice
-    assert "window cap" in (advice.get("limitedBy") or ""), advice
+    assert "window cap" in (advice.get("limitedBy") or ""), (advice.get("limitedBy"), advice)
     framework.eventually(
         lambda: pods_by_role(cluster, namespace, "chat") == {"prefill": 1, "decode": 1},
         timeout=60, what="one instance of each role at night",

@@ -306,6 +306,17 @@ def to_wire(model: BaseModel) -> dict[str, Any]:
     return model.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
+def replacing(model: BaseModel) -> dict[str, Any]:
+    """:func:`to_wire`, with each optional field that is None now written as null: a JSON merge
+    patch of this body replaces the object whole, where :func:`to_wire`'s would keep a field
+    that an earlier patch set and this model leaves out (e.g. a stale ``limitedBy``)."""
+    wire = to_wire(model)
+    for name, field in type(model).model_fields.items():
+        if getattr(model, name) is None:
+            wire[field.alias or name] = None
+    return wire
+
+
 # --- CRD metadata rendered by crdgen ------------------------------------------------------------
 @dataclass(frozen=True)
 class PrinterColumn:

@@ -202,7 +202,7 @@ async def decide(
         inferenceservice.PLURAL,
         workload.namespace,
         workload.name,
-        {"recommendation": common.to_wire(status)},
+        {"recommendation": common.replacing(status)},
     )
     moved = last is None or last[:3] != wanted[:3]
     state.written = wanted
@@ -211,7 +211,15 @@ async def decide(
     if moved:  # a capacity figure that changed alone is written without an Event
         kind = "Scaled" if mode == inferenceservice.AutoscalingMode.AUTO else "Recommended"
         act.event(workload.ref, "Normal", kind, f"{status.summary}: {'; '.join(reasons[:3])}")
-    log.info("autoscaler", service=workload.key, mode=str(mode), replicas=status.summary)
+    log.info(
+        "autoscaler",
+        service=workload.key,
+        mode=str(mode),
+        replicas=status.summary,
+        limited_by=status.limited_by,
+        cap_cards=advice.limits.cards,
+        reasons=status.reasons[:4],
+    )
 
 
 def learn(

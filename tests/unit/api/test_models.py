@@ -439,3 +439,18 @@ def test_the_spec_is_served_as_written_without_an_applied_recommendation(
     spec: Any, status: Any
 ) -> None:
     assert inferenceservice.scaled(spec, status) == spec
+
+
+def test_replacing_writes_null_for_a_field_left_out_so_a_merge_patch_drops_a_stale_one() -> None:
+    before = {"limitedBy": "maxReplicas", "summary": "prefill 1, decode 1"}
+    now = inferenceservice.Recommendation(
+        mode=inferenceservice.AutoscalingMode.AUTO,
+        summary="prefill 1, decode 1",
+        time=datetime.datetime(2026, 12, 5, tzinfo=datetime.UTC),
+    )
+    wire = common.replacing(now)
+    assert wire["limitedBy"] is None
+    assert wire["summary"] == "prefill 1, decode 1"
+    merged = {k: v for k, v in {**before, **wire}.items() if v is not None}  # RFC 7386
+    assert "limitedBy" not in merged
+    assert "limitedBy" not in common.to_wire(now)  # what kept the stale one before
