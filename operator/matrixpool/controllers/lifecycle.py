@@ -113,6 +113,6 @@ def finished_status(
         "phase": trainingjob.Phase.SUCCEEDED.value,
         "completionTime": done.isoformat().replace("+00:00", "Z"),
         "replicas": {"desired": size, "bound": 0, "running": 0},
-        "placement": common.to_wire(common.PlacementStatus()),
+        "placement": common.replacing(common.PlacementStatus()),
         "conditions": [common.to_wire(c) for c in common.set_condition(conditions, complete)],
     }

@@ -141,7 +141,7 @@ def desired_status(
             "conditions": common.set_condition(sn.status.conditions, condition),
         }
     )
-    wire = common.to_wire(status)
+    wire = common.replacing(status)  # a window or next transition gone is written as gone
     if status.transition is not None:  # nulls clear what the previous transition had set
         wire["transition"] = status.transition.model_dump(mode="json", by_alias=True)
     return wire

@@ -427,7 +427,7 @@ def _placement_summary(
 ) -> dict[str, Any]:
     nodes = sorted({node for node, _ in placed})
     supernodes = sorted({supernode_of[n] for n in nodes if n in supernode_of})
-    return common.to_wire(
+    return common.replacing(  # superNode null when no pod is bound any more
         common.PlacementStatus(
             super_node=supernodes[0] if supernodes else None,
             super_nodes=supernodes,
