@@ -12,7 +12,9 @@ wakes that come during a pass make one more pass, never one each. Our own writes
 a status patch keeps the generation, a created or bound pod is no deletion.
 
 A Node event that shows a fault (Ready gone False or Unknown, the Node deleted, a card newly in
-``matrixpool.dev/unhealthy-cards``) is also stamped with when it arrived (:attr:`Wake.noticed`):
+``matrixpool.dev/unhealthy-cards``) is also stamped with when it arrived (:attr:`Wake.noticed`),
+by a Node watch on a thread of its own (:mod:`matrixpool.k8s.nodefaults`) that does not wait for
+this event loop:
 recovery dates the fault's detection (``status.recoveries[].detectedAt``, and the settle window)
 from the stamp, not from the pass that gets to it, which at 64 supernodes comes seconds later. The
 stamp also marks the wake *urgent*: the pass under way stops at its next step and the next one
@@ -26,20 +28,25 @@ operator; per-object memos are shallow copies of it), set up at startup.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import logging
 from collections.abc import Iterable
 from typing import Any
 
 import kopf
+import structlog
 
 from matrixpool import api, clock
 from matrixpool.api import inferenceservice, labels, trainingjob
 from matrixpool.k8s import client as k8s_client
-from matrixpool.k8s import convert, daemonleases
+from matrixpool.k8s import convert, daemonleases, nodefaults
 from matrixpool.placement import inventory
 
 MEMO_KEY = "wake"
+NODE_FAULTS_KEY = "node_faults"  # in kopf's memo: the Nodes' faults' watch (k8s.nodefaults)
+LISTED_SECONDS = 60.0  # the most startup waits for the Nodes' first listing
+log = structlog.get_logger(__name__)
 
 # (node, what) → when the Node watch first showed it (monotonic, wall); what: "down", "deleted",
 # or "card:<index>" for a card in matrixpool.dev/unhealthy-cards.
@@ -85,15 +92,18 @@ class Wake:
             self.facts[key] = facts
         self.event.set()
 
-    def node_faults(self, name: str, faults: Iterable[str]) -> None:
-        """Stamp the faults ``name``'s Node shows now that it did not show before (urgent: ring
-        at once), and forget those it no longer shows."""
+    def node_faults(
+        self, name: str, faults: Iterable[str], stamp: nodefaults.Stamp | None = None
+    ) -> None:
+        """Stamp the faults ``name``'s Node shows now that it did not show before (with
+        ``stamp``, when the watch delivered them, else now; urgent: ring at once), and forget
+        those it no longer shows."""
         now = set(faults)
         for key in [k for k in self.noticed if k[0] == name and k[1] not in now]:
             del self.noticed[key]
         new = [f for f in now if (name, f) not in self.noticed]
         if new:
-            stamp = (clock.SYSTEM.monotonic(), clock.SYSTEM.now())
+            stamp = stamp or (clock.SYSTEM.monotonic(), clock.SYSTEM.now())
             self.noticed.update({(name, f): stamp for f in new})
             self.urgent = True
             self.event.set()
@@ -139,6 +149,31 @@ def install(memo: kopf.Memo, **_: Any) -> None:
     objects = logging.getLogger("kopf.objects")
     if not any(isinstance(f, _Quiet) for f in objects.filters):
         objects.addFilter(_Quiet())
+
+
+@kopf.on.startup()
+async def watch_node_faults(memo: kopf.Memo, **_: Any) -> None:
+    """The Nodes' faults, stamped on a thread of their own (:mod:`matrixpool.k8s.nodefaults`)
+    and handed to the alarm on the event loop; startup waits for the first listing, so a fault
+    present at the start is dated by it."""
+    alarm, loop = of(memo), asyncio.get_running_loop()
+    if alarm is None:
+        return
+
+    def report(name: str, faults: list[str], stamp: nodefaults.Stamp) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the operator stops
+            loop.call_soon_threadsafe(alarm.node_faults, name, faults, stamp)
+
+    watch = memo[NODE_FAULTS_KEY] = nodefaults.NodeFaults(report).start()
+    if not await asyncio.to_thread(watch.listed.wait, LISTED_SECONDS):
+        log.warning("the Nodes' faults are not listed yet; going on", waited=LISTED_SECONDS)
+
+
+@kopf.on.cleanup()
+async def stop_node_faults(memo: kopf.Memo, **_: Any) -> None:
+    watch = memo.get(NODE_FAULTS_KEY)
+    if isinstance(watch, nodefaults.NodeFaults):
+        watch.stop()
 
 
 def _workload_news(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> bool:
@@ -187,19 +222,11 @@ def _node_news(type: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **
 async def node_changed(
     type: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any
 ) -> None:
+    """A Node's facts changed: the next pass comes now (its faults are stamped by the watch of
+    :func:`watch_node_faults`, which does not wait for this loop)."""
     wake = of(memo)
     if wake is not None:
-        key, facts = _node(name, body)
-        wake.noted(type, key, facts)
-        wake.node_faults(name, faults_shown(type, facts))
-
-
-def faults_shown(type: str | None, facts: inventory.NodeInfo) -> list[str]:
-    """The faults a Node event shows, as :attr:`Wake.noticed` names them."""
-    if type == "DELETED":
-        return ["deleted"]
-    shown = ["down"] if facts.down else []
-    return shown + [f"card:{card}" for card in sorted(facts.unhealthy)]
+        wake.noted(type, *_node(name, body))
 
 
 def _lease(name: str, body: kopf.Body) -> tuple[str, object]:

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
 
 import kopf
 import pytest
 
 from matrixpool import clock
 from matrixpool.controllers import wake
-from matrixpool.k8s import daemonleases
+from matrixpool.k8s import daemonleases, nodefaults
 
 
 def test_a_new_job_a_new_spec_and_a_deletion_are_news_a_status_patch_is_not() -> None:
@@ -116,16 +118,18 @@ def test_a_node_wakes_the_loop_when_its_health_changes_not_on_a_heartbeat() -> N
 def test_a_node_fault_is_stamped_when_the_watch_shows_it_and_makes_the_wake_urgent(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """The Node watch on its thread (k8s.nodefaults) stamps; the alarm keeps the first stamp of
+    each fault and forgets a fault the node no longer shows."""
     now = [50.0]
     monkeypatch.setattr(clock.SYSTEM, "monotonic", lambda: now[0])
-    memo = kopf.Memo()
-    wake.install(memo=memo)
-    alarm = wake.of(memo)
-    assert alarm is not None
+    alarm = wake.Wake()
+    watch = nodefaults.NodeFaults(alarm.node_faults)  # on the thread: via call_soon_threadsafe
 
     def event(type: str | None, body: kopf.Body) -> None:
-        if wake._node_news(type=type, name="n1", body=body, memo=memo):
-            asyncio.run(wake.node_changed(type=type, name="n1", body=body, memo=memo))
+        if type is None:
+            watch._listed([body])
+        else:
+            watch._event(type, body)
 
     event(None, node_body())
     assert alarm.noticed == {}
@@ -150,6 +154,37 @@ def test_a_node_fault_is_stamped_when_the_watch_shows_it_and_makes_the_wake_urge
     assert alarm.urgent
     event(None, node_body())  # created again, healthy
     assert alarm.noticed == {}
+    alarm.calm()
+    now[0] = 53.0
+    watch._listed([])  # a listing after 410 no longer has it: deleted while not watching
+    assert set(alarm.noticed) == {("n1", "deleted")}
+    assert alarm.noticed["n1", "deleted"][0] == 53.0
+
+
+def test_a_stamp_is_when_the_watch_thread_saw_the_event_not_when_the_loop_got_to_it() -> None:
+    """The thread hands the stamp it took to the alarm on the event loop; a loop busy for a
+    while still dates the fault by the thread's stamp."""
+
+    async def scenario() -> tuple[float, float, float]:
+        alarm, loop = wake.Wake(), asyncio.get_running_loop()
+
+        def report(name: str, faults: list[str], stamp: nodefaults.Stamp) -> None:
+            loop.call_soon_threadsafe(alarm.node_faults, name, faults, stamp)
+
+        watch = nodefaults.NodeFaults(report)
+        thread = threading.Thread(target=watch._event, args=("MODIFIED", node_body("False")))
+        before = clock.SYSTEM.monotonic()
+        thread.start()
+        thread.join()
+        time.sleep(0.2)  # the loop is busy: it cannot run the handover yet
+        assert alarm.noticed == {}
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        return before, alarm.noticed["n1", "down"][0], clock.SYSTEM.monotonic()
+
+    before, stamped, after = asyncio.run(scenario())
+    assert before <= stamped < before + 0.1
+    assert after - stamped >= 0.2
 
 
 def test_a_daemon_lease_wakes_the_loop_when_it_appears_restarts_or_goes_not_on_renewal() -> None:
