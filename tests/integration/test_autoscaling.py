@@ -222,14 +222,19 @@ def test_a_stepped_load_scales_prefill_and_decode_apart_and_no_request_fails(
             records += send(endpoints, NIGHT_RATE, DECODE_HEAVY, 5, seed=seed)
             seed += 1
         cards: list[int] = []
+        night: list[dict[str, Any]] = []  # the recommendation as each 5 s of load ends
         for _ in range(4):
             records += send(endpoints, NIGHT_RATE, DECODE_HEAVY, 5, seed=seed)
             seed += 1
+            night.append(recommended(cluster, namespace, "chat"))
             cards.append(bound_cards(cluster, namespace))
     assert max(cards[1:]) <= NIGHT_CARDS, cards
-    advice = recommended(cluster, namespace, "chat")
-    assert replicas_of(advice) == {"prefill": 1, "decode": 1}, advice
-    assert "window cap" in (advice.get("limitedBy") or ""), (advice.get("limitedBy"), advice)
+    assert all(replicas_of(a) == {"prefill": 1, "decode": 1} for a in night[1:]), night
+    # Under the load, the cap is what holds decode at one. (A recommendation written after the
+    # load ends, when a capacity figure changes, rightly names no limit: the last one read
+    # alone would not tell.)
+    limits = [a.get("limitedBy") for a in night]
+    assert any("window cap" in (limit or "") for limit in limits), (limits, night[-1])
     framework.eventually(
         lambda: pods_by_role(cluster, namespace, "chat") == {"prefill": 1, "decode": 1},
         timeout=60, what="one instance of each role at night",
