@@ -4,7 +4,13 @@
 # kube-proxy (all four from k8s.io/kubernetes), kwok, helm, CoreDNS (the cluster DNS, with the
 # plugins tools/k8s/coredns/main.go names) and pause (tools/k8s/pause, the sandbox image's).
 # Called by `matrixpool cluster up`, `make binaries` and CI; prints progress while a cold build
-# runs and the bin folder as its last line. The real nodes' containerd, runc and CNI plugins
+# runs and the bin folder as its last line.
+#
+#   tools/k8s/build.sh            the set above (the local cluster's)
+#   tools/k8s/build.sh NAME...    only these, in a set folder of their own: also kind (its Go
+#                                 module, sigs.k8s.io/kind), kubeadm and kubectl (from
+#                                 k8s.io/kubernetes as kubelet is), which the kind node image
+#                                 needs (tools/kind/node-image.sh) and the default set does not The real nodes' containerd, runc and CNI plugins
 # are Debian's (tools/k8s/node-packages.sh installs them, at the versions versions.env names).
 #
 # Cache (MATRIXPOOL_CACHE, default ~/.cache/matrixpool):
@@ -26,6 +32,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$here/versions.env"
 cache=${MATRIXPOOL_CACHE:-$HOME/.cache/matrixpool}
 binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kwok helm coredns pause)
+[ $# -eq 0 ] || binaries=("$@")
 kube_binaries=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
 common="CGO_ENABLED=0 -trimpath"  # every build's environment; part of every recipe
 
@@ -45,9 +52,10 @@ files_hash() { cat "$@" | sha256sum | cut -c1-16; }
 recipe() {
   case $1 in
     etcd) echo "go.etcd.io/etcd/server/v3@$ETCD_VERSION ldflags=-s -w $common" ;;
-    kube-*|kubelet)
+    kube-*|kubelet|kubeadm|kubectl)
       echo "k8s.io/kubernetes/cmd/$1@$KUBERNETES_VERSION staging=v0.${KUBERNETES_VERSION#v1.} ldflags=$kube_ldflags $common" ;;
     kwok) echo "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION ldflags=-s -w $common" ;;
+    kind) echo "sigs.k8s.io/kind@$KIND_VERSION ldflags=-s -w $common" ;;
     helm) echo "helm.sh/helm/v3/cmd/helm@$HELM_VERSION ldflags=$helm_ldflags $common" ;;
     coredns)
       echo "github.com/coredns/coredns@$COREDNS_VERSION main=$(files_hash "$here/coredns/main.go") ldflags=-s -w $common" ;;
@@ -57,6 +65,7 @@ recipe() {
 }
 key() { recipe "$1" | sha256sum | cut -c1-12; }
 slot() { echo "$cache/bin/by-recipe/$1-$(key "$1")"; }
+for b in "${binaries[@]}"; do recipe "$b" >/dev/null; done  # an unknown name stops here
 
 recipes=$(for b in "${binaries[@]}"; do printf '%s %s %s\n' "$b" "$(key "$b")" "$(recipe "$b")"; done)
 bin="$cache/bin/$(cut -d' ' -f1-2 <<<"$recipes" | sha256sum | cut -c1-12)"
@@ -115,8 +124,9 @@ run_with_progress() {
 pinned_version() {  # NAME: the version NAME must report, or nothing (pause, coredns)
   case $1 in
     etcd) echo "$ETCD_VERSION" ;;
-    kube-*|kubelet) echo "$KUBERNETES_VERSION" ;;
+    kube-*|kubelet|kubeadm|kubectl) echo "$KUBERNETES_VERSION" ;;
     kwok) echo "$KWOK_VERSION" ;;
+    kind) echo "$KIND_VERSION" ;;
     helm) echo "$HELM_VERSION" ;;
   esac
 }
@@ -126,6 +136,9 @@ reported_version() {  # NAME FILE
     etcd) "$2" --version 2>/dev/null | sed -n 's/^etcd Version: /v/p' ;;
     kube-*|kubelet) "$2" --version 2>/dev/null | sed -n 's/^Kubernetes //p' ;;
     kwok) "$2" --version 2>/dev/null | sed -n 's/^kwok version \([^ ]*\).*/\1/p' ;;
+    kubeadm) "$2" version -o short 2>/dev/null ;;
+    kubectl) "$2" version --client 2>/dev/null | sed -n 's/^Client Version: //p' ;;
+    kind) "$2" version 2>/dev/null | cut -d' ' -f2 ;;
     helm) "$2" version --template '{{.Version}}' 2>/dev/null ;;
   esac
 }
@@ -213,8 +226,9 @@ build_pause() {
 build() {  # NAME OUT
   case $1 in
     etcd) build_etcd "$1" "$2" ;;
-    kube-*|kubelet) build_kube "$1" "$2" ;;
+    kube-*|kubelet|kubeadm|kubectl) build_kube "$1" "$2" ;;
     kwok) build_installed kwok "$2" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" "-s -w" ;;
+    kind) build_installed kind "$2" "sigs.k8s.io/kind@$KIND_VERSION" "-s -w" ;;
     helm) build_installed helm "$2" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" "$helm_ldflags" ;;
     coredns) build_coredns "$1" "$2" ;;
     pause) build_pause "$1" "$2" ;;
