@@ -94,6 +94,47 @@ def test_a_cycle_binds_at_most_its_pods_and_leaves_the_other_gangs_to_the_next(
     assert not memory.deferred
 
 
+class Slow(Recorder):
+    """An API server that takes ``seconds`` for each gang's Bindings (all gangs at once)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    async def bind(self, bindings: Any) -> list[Any]:
+        await asyncio.sleep(self.seconds)
+        return await super().bind(bindings)
+
+
+def test_a_slow_api_server_makes_the_next_cycle_bind_fewer_pods() -> None:
+    """Memory.bind_rate: the pods a binding cycle of at least RATE_SAMPLE_PODS wrote per
+    second; the next cycle binds what that pace writes in BIND_TARGET_SECONDS."""
+    jobs = [job(f"j{i:02d}", 1) for i in range(60)]
+    memory = cyclestate.Memory()
+    assert placement.pod_budget(memory) == placement.PODS_PER_CYCLE
+    first = Slow(0.5)  # 48 one-pod gangs in parallel, 0.5 s: ~96 pods a second
+    cycle(fixed_world({}, jobs[:48], nodes=64), first, memory)
+    assert len(first.bound_to) == 48
+    assert memory.bind_rate is not None
+    assert 48 / 0.5 * 0.5 < memory.bind_rate <= 48 / 0.5  # at most as fast as the sleep allows
+    memory.bind_rate = 40.0  # as a slower server would have set it
+    assert placement.pod_budget(memory) == 40
+    later = Recorder()
+    cycle(fixed_world({}, jobs[:48], nodes=64), later, memory)
+    assert len(later.bound_to) == 40
+    assert memory.deferred
+    memory.bind_rate = 3.0  # never fewer than MIN_PODS_PER_CYCLE
+    assert placement.pod_budget(memory) == placement.MIN_PODS_PER_CYCLE
+    memory.bind_rate = 10_000.0  # never more than PODS_PER_CYCLE
+    assert placement.pod_budget(memory) == placement.PODS_PER_CYCLE
+
+
+def test_a_binding_cycle_of_a_few_pods_leaves_the_pace_as_it_was() -> None:
+    memory = cyclestate.Memory(bind_rate=50.0)
+    cycle(fixed_world({}, [job("a", 2)], nodes=8), Slow(1.0), memory)
+    assert memory.bind_rate == 50.0  # 2 pods in 1 s say how long a call takes, not the pace
+
+
 class Refusing(Recorder):
     """An API server whose RBAC refuses every Binding (the rule was taken out)."""
 

@@ -27,6 +27,7 @@ log = structlog.get_logger(__name__)
 FORBIDDEN = "Forbidden"  # the code of a gang whose reservation or Binding RBAC refused
 POD_SECURITY = "PodSecurity"  # the code of a gang whose pods its namespace's level refused
 POD_SECURITY_REFUSAL = "violates PodSecurity"  # in the API server's message then
+RATE_SAMPLE_PODS = 16  # a binding cycle of fewer pods does not set Memory.bind_rate
 
 
 async def finish_half_bound(
@@ -109,7 +110,10 @@ async def bind(
     done = [b for b in bindings if b.placement.gang not in failed]
     elapsed = clock.SYSTEM.monotonic() - started
     metrics.BIND_SECONDS.observe(elapsed)
-    metrics.BOUND_PODS.inc(sum(n for n in pods_bound if n is not None))
+    written = sum(n for n in pods_bound if n is not None)
+    metrics.BOUND_PODS.inc(written)
+    if written >= RATE_SAMPLE_PODS and elapsed > 0:  # a few pods show latency, not pace
+        cycle.memory.bind_rate = written / elapsed
     for b in done:
         nodes = {a.node for a in b.placement.assignments}
         where = sorted({cycle.supernode_of.get(n, "?") for n in nodes})

@@ -54,6 +54,9 @@ class Memory:
     preempted: bool = False  # the last cycle preempted: the indexes lag its deletions
     # the last cycle's binding cycle (phases 6 and 7), while it writes in the background
     binding: asyncio.Task[None] | None = None
+    # pods per second the last binding cycle of at least binding.RATE_SAMPLE_PODS pods wrote
+    # (placement.pod_budget); None: none yet
+    bind_rate: float | None = None
 
     def forget(self, uid: str, key: str) -> None:
         """Drop what is remembered of the workload ``uid`` (named ``key``): it went, or its
