@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv binaries engine crds crds-check lint typecheck imports helm-lint unit integration integration-demo integration-engine integration-shared chaos e2e image real-nodes torch peers scale serving goodput test demo clean
+.PHONY: venv binaries engine crds crds-check lint typecheck imports helm-lint unit integration integration-demo integration-engine integration-shared chaos e2e image kind-node-image kind kind-down real-nodes torch peers scale serving goodput test demo clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -82,6 +82,19 @@ e2e: venv binaries
 # Needs root. The Dockerfile describes the same image for a registry.
 image: venv
 	archive=$$(tools/image/build.sh matrixpool:dev) && $(BIN)/matrixpool cluster load-image --if-any "$$archive"
+
+# kind with podman (Debian's; installed if missing, and said so), nothing pulled: the node image
+# from Debian packages (mmdebstrap), kind's base-image files and the Kubernetes binaries we build
+# (tools/kind/node-image.sh; cached by content, ~1.2 GB in podman); `make kind` brings up a
+# cluster of KIND_NODES (1 or 2) nodes with its kubeconfig in ~/.cache/matrixpool/kind/
+# (tools/kind/cluster.sh), `make kind-down` deletes it and checks nothing of it is left. Root.
+KIND_NODES ?= 1
+kind-node-image:
+	tools/kind/node-image.sh
+kind:
+	tools/kind/cluster.sh up $(KIND_NODES)
+kind-down:
+	tools/kind/cluster.sh down
 
 # Real nodes (kubelet + containerd + runc), the image and the chart in real containers; root.
 real-nodes: venv binaries
