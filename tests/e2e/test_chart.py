@@ -27,7 +27,7 @@ from matrixpool.deviceplugin import kube, pairing
 from matrixpool.k8s import client as k8s_client
 from matrixpool.k8s import daemonleases
 from tests.integration import framework
-from tests.integration.chart import REPO, SHARED, SYSTEM, Installed
+from tests.integration.chart import RELEASE, REPO, SHARED, SYSTEM, Installed
 
 JOB = "finetune-elastic"
 EXAMPLES = REPO / "examples"
@@ -157,6 +157,19 @@ def test_the_chart_installs_an_operator_and_daemons_that_run_under_their_kubelet
     framework.eventually(
         lambda: _answers(endpoint), timeout=30, what="the restarted daemon answering"
     )
+
+
+def test_helm_test_passes_on_the_operators_health_and_every_daemons_lease(
+    installed: Installed,
+) -> None:
+    """``helm test``: the chart's test pod (templates/tests/release-check.yaml) runs under the
+    sim like any pod of the image, on its own ServiceAccount's token."""
+    result = installed.cluster.helm(
+        "test", RELEASE, "-n", SYSTEM, "--logs", "--timeout", "180s", check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "operator healthy, every daemon announced" in result.stdout
+    assert "Phase:          Succeeded" in result.stdout
 
 
 def test_a_job_from_the_examples_recovers_through_the_charts_daemons(

@@ -33,8 +33,10 @@ OWNER_ANNOTATIONS = ("meta.helm.sh/release-name", "meta.helm.sh/release-namespac
 # The operator is never pulled: kwok runs its pod without an image.
 IMAGE = ("image.repository=matrixpool", "image.tag=integration-test")
 # The session's cluster has the pod-annotations policy already, allowing the operator the other
-# tests run (the admin user); a release's own policy would deny that user cluster-wide.
-SETS = (*IMAGE, "podAnnotationsPolicy.enabled=false")
+# tests run (the admin user); a release's own policy would deny that user cluster-wide. The
+# checkpoint daemons (on by default) are off: the session's sim already runs a daemon on each of
+# its nodes, on the port the chart's would take; tests/e2e installs the chart with them.
+SETS = (*IMAGE, "podAnnotationsPolicy.enabled=false", "checkpointDaemon.enabled=false")
 
 
 def get_json(cluster: framework.TestCluster, *args: str) -> dict[str, Any]:
@@ -82,9 +84,8 @@ def deployment_available(cluster: framework.TestCluster, namespace: str, name: s
 
 
 def operator_pod(cluster: framework.TestCluster, namespace: str, release: str) -> dict[str, Any]:
-    pods = get_json(
-        cluster, "pods", "-n", namespace, "-l", f"app.kubernetes.io/instance={release}"
-    )["items"]
+    selector = f"app.kubernetes.io/instance={release},app.kubernetes.io/component=operator"
+    pods = get_json(cluster, "pods", "-n", namespace, "-l", selector)["items"]
     assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
     return dict(pods[0])
 

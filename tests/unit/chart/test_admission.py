@@ -57,7 +57,7 @@ def test_the_policy_and_its_binding_are_on_by_default(helm: chart.Helm) -> None:
 
 def test_only_the_operator_service_account_writes_the_annotations(helm: chart.Helm) -> None:
     manifests = helm.render()
-    account = chart.only(manifests, "ServiceAccount")["metadata"]["name"]
+    account = chart.operators(manifests, "ServiceAccount")["metadata"]["name"]
     assert writers(policy(manifests)) == [f"system:serviceaccount:{chart.NAMESPACE}:{account}"]
     assert writers(policy(manifests)) == [OPERATOR]
 
@@ -98,7 +98,11 @@ def test_the_rules_guard_the_prefix_of_the_annotation_contract(helm: chart.Helm)
 
 
 def test_the_policy_can_be_left_out(helm: chart.Helm) -> None:
-    manifests = helm.render("podAnnotationsPolicy.enabled=false", "configMapPolicy.enabled=false")
+    manifests = helm.render(
+        "podAnnotationsPolicy.enabled=false",
+        "configMapPolicy.enabled=false",
+        "daemonLeasePolicy.enabled=false",  # the daemons' Lease policy, on with the daemons
+    )
     assert not chart.kinds(manifests) & {
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",

@@ -17,6 +17,7 @@ import yaml
 from tests.unit.chart import test_chart as chart
 
 ENABLED = "checkpointDaemon.enabled=true"
+OFF = "checkpointDaemon.enabled=false"
 Manifest = dict[str, Any]
 
 
@@ -46,8 +47,10 @@ def volumes(manifests: list[Manifest]) -> dict[str, Manifest]:
     return {v["name"]: v for v in pod(manifests)["volumes"]}
 
 
-def test_the_daemon_is_off_by_default(helm: chart.Helm) -> None:
-    manifests = helm.render()
+def test_the_daemon_is_on_by_default_and_can_be_turned_off(helm: chart.Helm) -> None:
+    assert {"DaemonSet", "Secret"} <= chart.kinds(helm.render())
+    assert daemonset(helm.render()) == daemonset(helm.render(ENABLED))
+    manifests = helm.render(OFF)
     assert "DaemonSet" not in chart.kinds(manifests)
     assert "Secret" not in chart.kinds(manifests)
 
@@ -123,7 +126,7 @@ def test_no_secret_or_token_is_on_the_daemons_command_line(helm: chart.Helm) -> 
 
 
 def test_the_operator_gets_no_checkpoint_secret_without_the_daemons(helm: chart.Helm) -> None:
-    assert operator_secret(helm.render()) is None
+    assert operator_secret(helm.render(OFF)) is None
 
 
 def test_the_token_secret_is_kept_by_helm_and_not_regenerated_on_upgrade() -> None:
@@ -206,7 +209,7 @@ def test_every_checkpoint_daemon_value_has_a_comment_above_it() -> None:
 
 def test_the_defaults_are_the_ones_documented() -> None:
     values = yaml.safe_load((chart.CHART / "values.yaml").read_text())["checkpointDaemon"]
-    assert values["enabled"] is False
+    assert values["enabled"] is True
     assert values["token"] == {"existingSecret": ""}
 
 
@@ -232,7 +235,7 @@ def test_the_pod_monitor_is_rendered_only_when_asked_for(helm: chart.Helm) -> No
 
 
 def test_a_pod_monitor_needs_the_daemons(helm: chart.Helm) -> None:
-    result = helm.template("checkpointDaemon.podMonitor.enabled=true")
+    result = helm.template(OFF, "checkpointDaemon.podMonitor.enabled=true")
     assert result.returncode != 0, result.stdout[:400]
     assert "podMonitor" in result.stderr or "checkpointDaemon" in result.stderr
 
@@ -295,7 +298,7 @@ def test_further_sources_are_added_from_the_values(helm: chart.Helm) -> None:
 def test_the_network_policy_can_be_turned_off_and_needs_the_daemons(helm: chart.Helm) -> None:
     off = helm.render(ENABLED, "checkpointDaemon.networkPolicy.enabled=false")
     assert "NetworkPolicy" not in chart.kinds(off)
-    assert "NetworkPolicy" not in chart.kinds(helm.render())
+    assert "NetworkPolicy" not in chart.kinds(helm.render(OFF))
 
 
 def test_beside_each_daemon_an_announcer_keeps_its_lease_with_a_token_of_its_own(
@@ -347,3 +350,49 @@ def test_beside_each_daemon_an_announcer_keeps_its_lease_with_a_token_of_its_own
             "namespace": chart.NAMESPACE,
         }
     ]
+
+
+# --- helm test (templates/tests/release-check.yaml) ---
+
+
+def test_helm_test_checks_the_operator_health_and_every_daemon_lease(helm: chart.Helm) -> None:
+    manifests = helm.render(tests=True)
+    tests = [m for m in manifests if m["metadata"].get("annotations", {}).get("helm.sh/hook")]
+    assert {m["kind"] for m in tests} == {"ServiceAccount", "Role", "RoleBinding", "Pod"}
+    assert all(m["metadata"]["annotations"]["helm.sh/hook"] == "test" for m in tests)
+    assert not any(m["metadata"].get("annotations", {}).get("helm.sh/hook") for m in helm.render())
+    test_pod = chart.only(tests, "Pod")
+    [check] = test_pod["spec"]["containers"]
+    script = (chart.CHART / "files" / "release_check.py").read_text()
+    assert check["command"] == ["python", "-c", script]
+    env = {e["name"]: e["value"] for e in check["env"]}
+    assert env["DAEMONSET"] == daemonset(helm.render())["metadata"]["name"]
+    assert env["HEALTH_PORT"] == "8080"
+    assert env["NAMESPACE"] == chart.NAMESPACE
+    assert env["RELEASE"] == chart.RELEASE
+    # it is neither the operator (the Service, the health check's own pod list) nor a daemon
+    operator = chart.only(manifests, "Deployment")["spec"]["selector"]["matchLabels"]
+    assert not operator.items() <= test_pod["metadata"]["labels"].items()
+    daemons = daemonset(manifests)["spec"]["selector"]["matchLabels"]
+    assert not daemons.items() <= test_pod["metadata"]["labels"].items()
+    assert check["securityContext"]["readOnlyRootFilesystem"] is True
+    role = chart.only(tests, "Role")
+    assert chart.rules_by_resource(role) == {
+        ("", "pods"): {"list"},
+        ("apps", "daemonsets"): {"get"},
+        ("coordination.k8s.io", "leases"): {"list"},
+    }
+    assert (
+        chart.only(tests, "RoleBinding")["subjects"][0]["name"]
+        == (test_pod["spec"]["serviceAccountName"])
+    )
+    for m in tests:  # its rights go once it passes; the pod stays for `helm test --logs`
+        policy = m["metadata"]["annotations"]["helm.sh/hook-delete-policy"]
+        kept = m["kind"] == "Pod"
+        assert policy == "before-hook-creation" + ("" if kept else ",hook-succeeded")
+
+
+def test_helm_test_checks_only_the_operator_without_the_daemons(helm: chart.Helm) -> None:
+    test_pod = chart.only(helm.render(OFF, tests=True), "Pod")
+    env = {e["name"]: e["value"] for e in test_pod["spec"]["containers"][0]["env"]}
+    assert env["DAEMONSET"] == ""

@@ -21,6 +21,7 @@ from tests.unit.chart import test_chart as chart
 
 ON = "devicePlugin.enabled=true"
 DAEMON_ON = "checkpointDaemon.enabled=true"
+DAEMON_OFF = "checkpointDaemon.enabled=false"
 RESOURCE = "huawei.com/Ascend910"
 NAME = f"{chart.RELEASE}-matrixpool-device-plugin"
 ACCOUNT = f"system:serviceaccount:{chart.NAMESPACE}:{NAME}"
@@ -60,7 +61,7 @@ def test_the_plugin_is_off_by_default(helm: chart.Helm) -> None:
 def test_the_plugin_runs_in_a_daemonset_of_its_own_without_the_checkpoint_daemons(
     helm: chart.Helm,
 ) -> None:
-    manifests = helm.render(ON)
+    manifests = helm.render(ON, DAEMON_OFF)
     daemonset = chart.only(manifests, "DaemonSet")
     assert daemonset["metadata"]["name"] == NAME
     labels = daemonset["spec"]["template"]["metadata"]["labels"]
@@ -179,7 +180,10 @@ def test_node_selector_tolerations_and_priority_follow_the_values(helm: chart.He
 
 def test_the_policy_is_on_with_the_plugin_for_its_account_only(helm: chart.Helm) -> None:
     manifests = helm.render(
-        ON, "podAnnotationsPolicy.enabled=false", "configMapPolicy.enabled=false"
+        ON,
+        "podAnnotationsPolicy.enabled=false",
+        "configMapPolicy.enabled=false",
+        "daemonLeasePolicy.enabled=false",
     )
     policy = chart.only(manifests, "ValidatingAdmissionPolicy")
     binding = chart.only(manifests, "ValidatingAdmissionPolicyBinding")
@@ -203,7 +207,10 @@ def test_the_policy_is_on_with_the_plugin_for_its_account_only(helm: chart.Helm)
 def test_the_policy_can_be_left_out_and_needs_the_plugin(helm: chart.Helm) -> None:
     for sets in ((ON, "devicePluginPolicy.enabled=false"), ()):
         manifests = helm.render(
-            *sets, "podAnnotationsPolicy.enabled=false", "configMapPolicy.enabled=false"
+            *sets,
+            "podAnnotationsPolicy.enabled=false",
+            "configMapPolicy.enabled=false",
+            "daemonLeasePolicy.enabled=false",
         )
         assert "ValidatingAdmissionPolicy" not in chart.kinds(manifests)
 
