@@ -52,8 +52,7 @@ need_debs=()
 command -v mmdebstrap >/dev/null || need_debs+=(mmdebstrap)
 if [ ${#need_debs[@]} -gt 0 ]; then
   log "installing Debian packages: ${need_debs[*]} (apt-get)"
-  apt-get update -q >/dev/null
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need_debs[@]}" >/dev/null
+  "$here/../apt-install.sh" "${need_debs[@]}"
 fi
 pip=${PIP:-$repo/.venv/bin/pip}
 [ -x "$pip" ] || pip="python3 -m pip"

@@ -23,8 +23,7 @@ for p in "${!wanted[@]}"; do [ -n "$(installed "$p")" ] || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
   [ "$(id -u)" = 0 ] || { log "needs root to install Debian packages: ${missing[*]}"; exit 1; }
   log "installing Debian packages: ${missing[*]} (apt-get)"
-  apt-get update -q >/dev/null
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+  "$here/../apt-install.sh" "${missing[@]}"
 fi
 for p in "${!wanted[@]}"; do
   v=$(installed "$p"); want=${wanted[$p]}

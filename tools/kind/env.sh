@@ -19,8 +19,7 @@ need_debs() {
   for p in "$@"; do command -v "${p%%=*}" >/dev/null || missing+=("${p#*=}"); done
   [ ${#missing[@]} -gt 0 ] || return 0
   printf '[kind] installing Debian packages: %s (apt-get)\n' "${missing[*]}" >&2
-  apt-get update -q >/dev/null
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+  "$_kind_here/../apt-install.sh" "${missing[@]}"
 }
 
 # kind_host_ready: what kind's podman provider needs of this machine. It always mounts
@@ -31,8 +30,7 @@ kind_host_ready() {
   if ! command -v podman >/dev/null; then
     # with its Recommends, as tried here: netavark + aardvark-dns (kind's network), catatonit
     printf '[kind] installing Debian packages: podman (apt-get, with its recommends)\n' >&2
-    apt-get update -q >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q podman >/dev/null
+    "$_kind_here/../apt-install.sh" --with-recommends podman
   fi
   [ -e /lib/modules ] || mkdir -p /lib/modules
 }
