@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# `make kind-e2e` (in `make test`, after the real nodes): docs/install-kind.md section B on a
+# kind cluster of this machine (tools/kind/cluster.sh: podman, the node image built here).
+# Steps 4 to 7 are the doc's own bash blocks, read from the doc and run unchanged. Steps 1-3
+# are run with the substitutions this machine needs, each printed as it runs:
+#   1. `kind create cluster`   -> tools/kind/cluster.sh up 1 (--image: the local node image;
+#                                 a fresh cluster name; kubeconfig in ~/.cache/matrixpool/kind)
+#   2. `docker build` + `kind load docker-image`
+#                              -> `make image`'s archive and `kind load image-archive`, only if
+#                                 the disk keeps MIN_FREE_GB free after it (a node holds about
+#                                 twice the archive); otherwise skipped, and said so
+#   3. kwok's release manifests (downloaded in the doc)
+#                              -> the same kustomize folders from kwok's Go module at
+#                                 KWOK_VERSION, its image made from our kwok binary
+# Prints one line per step, PASS or FAIL or SKIP, and exits non-zero at the first failure; the
+# cluster is deleted on the way out (tools/kind/cluster.sh down checks nothing of it is left).
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+# shellcheck source=env.sh
+source "$here/env.sh"
+doc=$repo/docs/install-kind.md
+archive=${MATRIXPOOL_IMAGE_ARCHIVE:-${MATRIXPOOL_CACHE:-$HOME/.cache/matrixpool}/image/matrixpool_dev.tar}
+min_free_gb=${MIN_FREE_GB:-4}
+t0=$SECONDS
+say() { printf '[kind-e2e %3ds] %s\n' "$((SECONDS - t0))" "$*" >&2; }
+results=()
+result() { results+=("$1"); say "$1"; }
+
+# doc_block N: the first ```bash block under the heading "## N." of section B
+doc_block() {
+  awk -v n="## $1." '
+    index($0, n) == 1 { inside = 1; next }
+    inside && /^## / { exit }
+    inside && /^```bash$/ { code = 1; next }
+    inside && code && /^```$/ { exit }
+    code { print }' "$doc"
+}
+
+bin=$(nice -n 19 "$repo/tools/k8s/build.sh" | tail -n1)
+kbin=$(kind_binaries)
+export PATH=$kbin:$bin:$PATH  # kind, kubectl, helm, kwok: all built here
+
+finish() {
+  local rc=$?
+  say "deleting the cluster"
+  "$here/cluster.sh" down || rc=1
+  printf '%s\n' "${results[@]}" >&2
+  exit "$rc"
+}
+trap finish EXIT
+
+# 1. the cluster
+KUBECONFIG=$("$here/cluster.sh" up 1 | tail -n1)
+export KUBECONFIG
+name=$("$here/cluster.sh" name)
+kubectl cluster-info --context "kind-$name" >&2
+result "PASS 1. kind cluster $name (podman, node image $(podman inspect -f '{{.Config.Image}}' "$name-control-plane"))"
+
+# 2. the matrixpool image
+need=$(( $(stat -c %s "$archive" 2>/dev/null || echo 0) * 2 / 1024 / 1024 / 1024 + 1 ))
+free=$(( $(df --output=avail -k / | tail -n1) / 1024 / 1024 ))
+if [ ! -f "$archive" ]; then
+  result "SKIP 2. no image archive at $archive (make image)"
+elif [ $((free - need)) -lt "$min_free_gb" ]; then
+  result "SKIP 2. kind load image-archive $archive: needs ~${need} GB on the node, ${free} GB free, ${min_free_gb} GB must stay free"
+else
+  nice -n 19 kind load image-archive "$archive" --name "$name" >&2
+  result "PASS 2. kind load image-archive $(basename "$archive")"
+fi
+
+# 3. kwok, from its Go module, its image from our binary
+kwok_src=$(cd /tmp && go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | jq -r .Dir)
+work=$(mktemp -d)
+kubectl kustomize "$kwok_src/kustomize/kwok" >"$work/kwok.yaml"
+kwok_image=$(sed -n 's/^ *image: *//p' "$work/kwok.yaml" | head -n1)
+sed -i "s#^\( *image: *\)$kwok_image\$#\1$kwok_image:$KWOK_VERSION#" "$work/kwok.yaml"
+python3 "$here/image-archive.py" "$work/kwok-image.tar" "$kwok_image:$KWOK_VERSION" \
+  --file "$bin/kwok=/usr/local/bin/kwok:0755" --entrypoint '["/usr/local/bin/kwok"]'
+kind load image-archive "$work/kwok-image.tar" --name "$name" >&2
+kubectl apply -f "$work/kwok.yaml" >&2
+kubectl apply -k "$kwok_src/kustomize/stage/fast" >&2
+rm -rf "$work"
+kubectl -n kube-system rollout status deployment/kwok-controller --timeout=120s >&2
+result "PASS 3. kwok $KWOK_VERSION in kube-system (its manifests from the Go module, image from our binary)"
+
+# 4.-7.: the doc's blocks, unchanged
+for step in 4 5 6 7; do
+  block=$(doc_block "$step")
+  [ -n "$block" ] || { result "FAIL $step. no bash block under '## $step.' in $doc"; exit 1; }
+  say "running docs/install-kind.md step $step:"
+  printf '%s\n' "$block" | sed 's/^/    /' >&2
+  if bash -euo pipefail -c "$block" >&2; then
+    result "PASS $step. $(grep -m1 "^## $step\." "$doc" | cut -c7-)"
+  else
+    result "FAIL $step. $(grep -m1 "^## $step\." "$doc" | cut -c7-)"
+    kubectl get pods -A -o wide >&2 || true
+    kubectl -n matrixpool-system get events --sort-by=.lastTimestamp 2>/dev/null | tail -n 15 >&2 || true
+    exit 1
+  fi
+done
