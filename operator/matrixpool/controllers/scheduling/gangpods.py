@@ -322,13 +322,22 @@ class Manifests:
         self.resource, self.wanted, self.existing = resource, wanted, existing
         self.recovery, self.resume = recovery, resume
 
+    @functools.cached_property
+    def _contracts(self) -> dict[str, pods.TrainingContract]:
+        """Once per workload and cycle, however many gangs are made from it (and one run's
+        incarnation for all of them)."""
+        return training_contracts(self.workload, self.wanted, self.existing, self.resource)
+
+    @functools.cached_property
+    def _serving(self) -> pods.ServingContract | None:
+        return serving_contract(self.cycle, self.workload)
+
     def of(self, plans: Sequence[gangs.PodPlan]) -> dict[str, dict[str, Any]]:
         """The manifests of ``plans``, by pod name."""
         if not plans:
             return {}
         workload, resource = self.workload, self.resource
-        contracts = training_contracts(workload, self.wanted, self.existing, resource)
-        serving = serving_contract(self.cycle, workload)
+        contracts, serving = self._contracts, self._serving
         return {
             plan.name: pin(
                 pods.manifest(
