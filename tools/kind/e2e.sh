@@ -8,11 +8,12 @@
 #   2. `docker build` + `kind load docker-image`
 #                              -> `make image`'s archive and `kind load image-archive`, only if
 #                                 the disk keeps MIN_FREE_GB free after it (a node holds about
-#                                 twice the archive); otherwise skipped, and said so
+#                                 twice the archive); otherwise a failure that says so (steps
+#                                 5-7 need the image)
 #   3. kwok's release manifests (downloaded in the doc)
 #                              -> the same kustomize folders from kwok's Go module at
 #                                 KWOK_VERSION, its image made from our kwok binary
-# Prints one line per step, PASS or FAIL or SKIP, and exits non-zero at the first failure; the
+# Prints one line per step, PASS or FAIL, and exits non-zero at the first failure; the
 # cluster is deleted on the way out (tools/kind/cluster.sh down checks nothing of it is left).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -61,9 +62,11 @@ result "PASS 1. kind cluster $name (podman, node image $(podman inspect -f '{{.C
 need=$(( $(stat -c %s "$archive" 2>/dev/null || echo 0) * 2 / 1024 / 1024 / 1024 + 1 ))
 free=$(( $(df --output=avail -k / | tail -n1) / 1024 / 1024 ))
 if [ ! -f "$archive" ]; then
-  result "SKIP 2. no image archive at $archive (make image)"
+  result "FAIL 2. no image archive at $archive (make image)"
+  exit 1
 elif [ $((free - need)) -lt "$min_free_gb" ]; then
-  result "SKIP 2. kind load image-archive $archive: needs ~${need} GB on the node, ${free} GB free, ${min_free_gb} GB must stay free"
+  result "FAIL 2. kind load image-archive $archive: needs ~${need} GB on the node, ${free} GB free, ${min_free_gb} GB must stay free"
+  exit 1
 else
   nice -n 19 kind load image-archive "$archive" --name "$name" >&2
   result "PASS 2. kind load image-archive $(basename "$archive")"

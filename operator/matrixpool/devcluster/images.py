@@ -6,7 +6,9 @@ Used for the real nodes' pause image (:mod:`matrixpool.devcluster.realnodes`) an
 
 :func:`write_oci` turns such an archive into an OCI image layout stream that leaves out the
 blobs a containerd already holds (``ctr images import`` writes every blob of an archive to disk
-before it finds it has it: 3.3 GB per node for a change to the app layer alone).
+before it finds it has it: 3.3 GB per node for a change to the app layer alone). A containerd
+that dropped a layer's blob after unpacking it holds the layer as a snapshot, named by its
+chain ID (:func:`chain_ids`).
 """
 
 from __future__ import annotations
@@ -149,6 +151,25 @@ def write_oci(archive: Path, out: IO[bytes], name: str, have: Collection[str] = 
                 written.append(layer["digest"])
             _add_bytes(tar, "index.json", json.dumps(index).encode())
     return written
+
+
+def diff_ids(archive: Path) -> list[str]:
+    """The digests of a docker-archive's layers, lowest first (its config's rootfs.diff_ids;
+    the archive's layers are uncompressed, so each is also the layer blob's digest)."""
+    with tarfile.open(archive) as source:
+        _, config = _docker_image(source)
+    return list(json.loads(config)["rootfs"]["diff_ids"])
+
+
+def chain_ids(diff_ids: Sequence[str]) -> list[str]:
+    """The OCI chain ID of each layer: the identity of the layer together with all below it,
+    which names its unpacked snapshot in containerd (image-spec config.md, "Layer ChainID")."""
+    chain: list[str] = []
+    for diff_id in diff_ids:
+        if chain:
+            diff_id = "sha256:" + hashlib.sha256(f"{chain[-1]} {diff_id}".encode()).hexdigest()
+        chain.append(diff_id)
+    return chain
 
 
 def _docker_image(tar: tarfile.TarFile) -> tuple[dict[str, Any], bytes]:

@@ -164,6 +164,31 @@ def test_an_oci_stream_of_an_archive_leaves_out_the_layers_a_node_holds(tmp_path
     assert images.write_oci(archive, out, name) == [base, app]  # a node with an empty root
 
 
+def test_chain_ids_name_the_snapshots_containerd_unpacked() -> None:
+    # containerd 1.6 unpacked a two-layer image into snapshots 8d2b… and aab3e6… (parent
+    # 8d2b…), and the same base under another app layer 11204c… into e1694c….
+    base = "sha256:8d2b041636dfebe1d2a0a01d578d7954201fb8febc3b0fadf0d880ddeecdd187"
+    app1 = "sha256:77db91be055db74cc01aa5f77f130152b56b0d7b479d187d89931dc70e78d0eb"
+    app2 = "sha256:11204c3b860c916d55a17d4517d8b8f4a5b31eec338248af8cbb8c462972ee3a"
+    assert images.chain_ids([base, app1]) == [
+        base,
+        "sha256:aab3e6acd454337f8f9b3355d6ecc4a1ce7d0d5474cca6b0e1bdc7a01c683f0c",
+    ]
+    assert images.chain_ids([base, app2])[1] == (
+        "sha256:e1694cbcfda36a8a0a7c7efeeb2fcca65bb5f4ce1fb32967f6e147684aa38c4c"
+    )
+    assert images.chain_ids([]) == []
+
+
+def test_the_diff_ids_of_an_archive_are_its_layers_digests(tmp_path: Path) -> None:
+    files = []
+    for name in ("base", "app"):
+        (tmp_path / name).write_text(name)
+        files.append(images.layer_of_files({name: tmp_path / name}))
+    archive = images.write_archive(tmp_path / "img.tar", "x:1", layers=files, config={})
+    assert images.diff_ids(archive) == [images.digest(f) for f in files]
+
+
 def test_short_image_names_are_spelled_with_the_runtimes_domain() -> None:
     domain = "example.invalid"
     assert images.full_name("matrixpool:dev", domain) == f"{domain}/library/matrixpool:dev"
