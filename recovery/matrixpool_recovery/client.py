@@ -24,6 +24,11 @@ Saving (phases numbered as they run):
    (``spec.CheckpointSpec``); the thread follows the daemon's status and records failures,
    which ``wait`` raises as ``TierWriteError`` while the other tiers carry on.
 
+A daemon that does not answer (its pod replaced by a rollout or an upgrade: tier 1 stays in the
+node's memory, a new daemon serves it within seconds) is waited for, up to ``daemon_wait``
+seconds (:data:`DAEMON_WAIT`), before a save counts as failed; a daemon that goes away after
+committing a step leaves that step in tier 1, its later tiers reported failed.
+
 Restoring: the step is the newest committed for every rank across the sources the client can
 reach (the node's daemon, the peers, the persistent URI); this rank's shard is read from the
 fastest of them, local memory, peer memory, local disk, peer disk, then the persistent URI,
@@ -67,6 +72,7 @@ log = logging.getLogger(__name__)
 FOLLOW_WAIT = 30.0  # seconds per status request while following a save
 SOURCE_ORDER = ("memory", "peer", "local", "peer-local", "persistent")  # fastest first
 MAPS_KEPT = 3  # daemon buffers kept mapped: one being written, two kept steps it cycles through
+DAEMON_WAIT = 120.0  # seconds a save waits for a node daemon that does not answer
 COMMITTED_REFRESH = 2.0  # seconds between two computations of the committed step
 READ_ERRORS = (errors.CheckpointError, OSError, http.client.HTTPException, ValueError)
 T = TypeVar("T")
@@ -156,6 +162,7 @@ class Checkpointer:
         timeout: float = 600.0,
         incarnation: int = 0,
         socket_path: str | None = None,
+        daemon_wait: float = DAEMON_WAIT,
     ) -> None:
         self.job = names.job(job)  # validated: it becomes a directory name
         self.rank = names.rank(rank)
@@ -167,6 +174,7 @@ class Checkpointer:
         self._peers = None if peers is None else [wire.Endpoint(p, token) for p in peers]
         self.background_staging = background_staging  # False: save() returns once staged
         self.timeout = timeout  # seconds a save may take to reach every tier
+        self.daemon_wait = daemon_wait  # seconds a save waits for a daemon that does not answer
         self.incarnation = names.number(incarnation, "incarnation", names.MAX_STEP)  # this run
         self.base = -1  # the step this run restored from; -1: it started from nothing
         self._stager = staging.Stager()
@@ -282,7 +290,7 @@ class Checkpointer:
     def _process(self, item: _Save) -> None:
         handle = item.handle
         try:
-            tiers = self._hand_over(item)
+            tiers = self._hand_over_waiting(item)
             self._follow(handle, tiers)
         except Exception as err:  # every failure reaches the trainer through wait()
             log.warning("checkpoint step %d failed: %r", handle.step, err)
@@ -312,6 +320,25 @@ class Checkpointer:
         (after a restore of an older step, newer steps of the old run are still held)."""
         committed = self._committed
         return committed if committed is not None and committed.step <= step else None
+
+    def _hand_over_waiting(self, item: _Save) -> list[str]:
+        """:meth:`_hand_over`, again while the daemon does not answer, for up to
+        ``daemon_wait`` seconds: a new daemon pod (a rollout) answers within them."""
+        deadline = time.monotonic() + min(self.daemon_wait, self.timeout)
+        delay = 0.25
+        while True:
+            try:
+                return self._hand_over(item)
+            except errors.DaemonUnreachableError as err:
+                if time.monotonic() + delay > deadline:
+                    raise
+                if delay == 0.25:
+                    log.warning(
+                        "step %d: the node's daemon does not answer (%s); waiting up to %.0f s",
+                        item.handle.step, err, self.daemon_wait,
+                    )  # fmt: skip
+                time.sleep(delay)
+                delay = min(2.0, delay * 2)
 
     def _hand_over(self, item: _Save) -> list[str]:
         """Phase 2: stage into the daemon's memory (or upload) and commit; the daemon's tiers."""
@@ -377,7 +404,16 @@ class Checkpointer:
         deadline = time.monotonic() + self.timeout
         answered: dict[str, Any] = {}
         while time.monotonic() < deadline:
-            answered = wire.request(self.daemon, "GET", path, timeout=FOLLOW_WAIT + 30)["tiers"]
+            try:
+                answered = wire.request(self.daemon, "GET", path, timeout=FOLLOW_WAIT + 30)
+            except errors.DaemonUnreachableError as err:
+                # Gone after the commit (a rollout): the step is in tier 1, whose files stay
+                # on the node; what it had not written yet is not written.
+                log.warning("step %d: the daemon went after committing it: %s", handle.step, err)
+                gone = {"state": "error", "error": f"the daemon went before writing it: {err}"}
+                answered = {t: {"state": "ok"} if t == MEMORY else gone for t in tiers}
+                break
+            answered = answered["tiers"]
             if all(o.get("state") != "pending" for o in answered.values()):
                 break
         for tier in tiers:

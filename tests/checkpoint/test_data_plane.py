@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -275,3 +277,45 @@ def test_a_step_pinned_for_a_recovery_outlives_newer_saves(cluster: Cluster) -> 
             {"step": None},
         )
         assert answer == {"job": JOB, "pinned": None}
+
+
+@pytest.mark.parametrize("shared_memory", [True, False], ids=["mapped", "uploaded"])
+def test_a_save_waits_for_a_daemon_restarted_under_it_and_tier_1_outlives_it(
+    cluster: Cluster, shared_memory: bool
+) -> None:
+    # A rollout (helm upgrade) replaces the node's daemon: the old one stops, a new one serves
+    # the same memory folder at the same address a few seconds later.
+    node = cluster.start("a")
+    port = node.address.rpartition(":")[2]
+    spec = to_spec(spec_json(memory=1, peers=0))
+    with cluster.client("a", JOB, 0, 1, spec=spec, shared_memory=shared_memory) as client:
+        client.save(1, state_for(0, 1)).wait()
+        node.process.terminate()
+        node.process.wait(timeout=30)
+        later = threading.Timer(1.5, cluster.start, ("a", (), "--listen", f"127.0.0.1:{port}"))
+        later.start()
+        try:
+            started = time.monotonic()
+            client.save(2, state_for(0, 2)).wait()  # no TierWriteError: it waited
+            waited = time.monotonic() - started
+        finally:
+            later.join()
+        restored = client.restore()
+        older = client.restore(1)
+
+    assert waited >= 1.0  # the save could not have been written before the new daemon
+    assert (restored.step, restored.source) == (2, "memory:a")
+    assert digest(restored.state) == digest(state_for(0, 2))
+    assert digest(older.state) == digest(state_for(0, 1))  # written by the daemon before
+
+
+def test_a_save_fails_once_the_daemon_stays_away_longer_than_the_wait(cluster: Cluster) -> None:
+    node = cluster.start("a")
+    spec = to_spec(spec_json(memory=1, peers=0))
+    with cluster.client("a", JOB, 0, 1, spec=spec, daemon_wait=1.0) as client:
+        node.process.terminate()
+        node.process.wait(timeout=30)
+        started = time.monotonic()
+        with pytest.raises(errors.TierWriteError, match="unreachable"):
+            client.save(1, state_for(0, 1)).wait()
+    assert 0.5 <= time.monotonic() - started < 60  # gave up after its wait, not the default 120 s
