@@ -519,17 +519,24 @@ def _sim(args: argparse.Namespace) -> int:
 
 
 def _announce(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
     from matrixpool.k8s import client, daemonleases
 
     if not 4 <= args.lease_seconds <= 3600:
         print("--lease-seconds must be between 4 and 3600", file=sys.stderr)
         return 2
+    stop = threading.Event()  # SIGTERM: the pod is being deleted (a rollout, an upgrade)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
     daemonleases.run(
         client.from_kubeconfig(None),
         args.namespace,
         args.node,
         args.endpoint,
         duration=args.lease_seconds,
+        stopped=stop.is_set,
         log=lambda line: print(line, file=sys.stderr, flush=True),
     )
     return 0

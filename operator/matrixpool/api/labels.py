@@ -21,6 +21,9 @@ UNHEALTHY_CARDS = _P + "unhealthy-cards"  # node annotation: "3,5", cards not to
 # --- checkpoint daemon Leases (matrixpool.k8s.daemonleases) ----------------------------------
 CKPT_ENDPOINT = _P + "ckpt-endpoint"  # Lease annotation: "host:port" of the node's daemon
 CKPT_DAEMON = _P + "ckpt-daemon"  # Lease label: "true" on every checkpoint daemon's Lease
+# Lease annotation: when the daemon was stopped on purpose (its pod deleted: a rollout, an
+# upgrade), RFC 3339; removed by the next daemon's first renewal
+CKPT_STOPPING = _P + "ckpt-stopping"
 
 # --- pod labels ----------------------------------------------------------------------------
 JOB = _P + "job"  # pod label: name of the TrainingJob or InferenceService owning the pod

@@ -16,7 +16,7 @@ import asyncio
 import collections
 import dataclasses
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -162,13 +162,20 @@ async def main_loop(
     def read() -> world.World:
         copied = copies.get(take)
         state.started = {n: a.started for n, a in copied.announced.items()}
+        silent, restarting = daemons_down(
+            state.recoveries.unreachable(clock.SYSTEM.monotonic()) | copied.silent,
+            copied.announced,
+            copied.stale,
+            clock.SYSTEM.now().timestamp(),
+        )
         return world.World(
             supernodes=copied.supernodes,
             nodes=copied.nodes,
             foreign=copied.foreign,
             pods=state.assumed.view(copied.pods),
             workloads=copied.workloads,
-            unreachable=state.recoveries.unreachable(clock.SYSTEM.monotonic()) | copied.silent,
+            unreachable=silent,
+            restarting=restarting,
             stale=copied.stale,
             decisions=state.decisions,
             shares=state.shares,
@@ -418,6 +425,20 @@ def overdue(
             )
     state.overdue = stale
     return stale
+
+
+def daemons_down(
+    silent: frozenset[str],
+    announced: Mapping[str, daemonleases.Announced],
+    stale: frozenset[str],
+    now: float,
+) -> tuple[frozenset[str], frozenset[str]]:
+    """(unreachable, restarting): the nodes whose daemon does not answer (``silent``: probes
+    failed or its Lease overdue), less those whose daemon was stopped on purpose
+    (:func:`.daemonleases.restarting`, ``now`` in epoch seconds) under a kubelet that still
+    renews its Lease (not in ``stale``): those restart, a rollout's daemons among them."""
+    restarting = daemonleases.restarting(announced, now) - stale
+    return silent - restarting, restarting
 
 
 def with_endpoints(

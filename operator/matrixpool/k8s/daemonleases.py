@@ -19,6 +19,14 @@ A Lease counts only under its node's name (:func:`lease_name`), and its endpoint
 node's InternalIP (:func:`on_node`): one node's announcer cannot point another node's daemon,
 or its own, at a host that would receive the operator's token.
 
+A daemon stopped on purpose (its pod deleted: a DaemonSet rollout, a ``helm upgrade``) says so:
+its announcer, sent SIGTERM with it, writes the annotation ``matrixpool.dev/ckpt-stopping``
+(:func:`mark_stopping`), and the next daemon's first renewal removes it. The operator counts
+such a daemon as restarting, not lost, for :data:`RESTART_GRACE_SECONDS` (:func:`restarting`):
+tier 1 lives in the node's shared memory, not in the daemon, and the ranks wait for the new
+daemon to save (``matrixpool_recovery.client``). A daemon that crashed or lost its node
+writes nothing, and counts as lost as before.
+
 Errors: the API's (``kubernetes.client.ApiException``), except a create that lost a race,
 which becomes a renewal.
 """
@@ -40,6 +48,9 @@ from matrixpool.k8s import client as k8s_client
 PREFIX = "matrixpool-daemon-"
 LABEL = labels.CKPT_DAEMON  # "true" on every daemon Lease
 DURATION_SECONDS = 40  # as a kubelet's node Lease; renewed every quarter of it
+# How long a daemon stopped on purpose counts as restarting rather than lost: a new daemon pod
+# is scheduled, started and answering within it (~25 s on a loaded kind node)
+RESTART_GRACE_SECONDS = 120.0
 MAX_NAME = 253
 
 
@@ -93,8 +104,10 @@ def announce(
     name = lease_name(node)
     patch: dict[str, Any] = {"spec": {"renewTime": _micro(now), "holderIdentity": node}}
     if first:  # a daemon (re)started: where it serves, and since when (the operator tells a
-        # new daemon its peers again when acquireTime moves)
-        patch["metadata"] = {"annotations": {labels.CKPT_ENDPOINT: endpoint}}
+        # new daemon its peers again when acquireTime moves); no longer stopping
+        patch["metadata"] = {
+            "annotations": {labels.CKPT_ENDPOINT: endpoint, labels.CKPT_STOPPING: None}
+        }
         patch["spec"] |= {"leaseDurationSeconds": duration, "acquireTime": _micro(now)}
     try:
         api.coordination.patch_namespaced_lease(name, namespace, patch)
@@ -119,6 +132,29 @@ class Announced:
     renewed: float  # renewTime, epoch seconds
     duration: float  # leaseDurationSeconds
     started: float  # acquireTime, epoch seconds: when the daemon (re)started serving
+    stopping: float | None = None  # epoch seconds its daemon was stopped on purpose, if it was
+
+
+def mark_stopping(
+    api: k8s_client.Api, namespace: str, node: str, now: datetime.datetime | None = None
+) -> None:
+    """Say on ``node``'s Lease that its daemon is being stopped on purpose (its pod deleted)."""
+    now = now or clock.SYSTEM.now()
+    patch = {
+        "metadata": {"annotations": {labels.CKPT_STOPPING: _micro(now)}},
+        "spec": {"holderIdentity": node},
+    }
+    api.coordination.patch_namespaced_lease(lease_name(node), namespace, patch)
+
+
+def restarting(announced: Mapping[str, Announced], now: float) -> frozenset[str]:
+    """Nodes whose daemon was stopped on purpose less than RESTART_GRACE_SECONDS before
+    ``now`` (epoch seconds) and has not announced itself since: a restart, not a loss."""
+    return frozenset(
+        node
+        for node, a in announced.items()
+        if a.stopping is not None and 0 <= now - a.stopping < RESTART_GRACE_SECONDS
+    )
 
 
 def parse(name: str, annotations: Mapping[str, str], spec: Mapping[str, Any]) -> Announced | None:
@@ -129,12 +165,14 @@ def parse(name: str, annotations: Mapping[str, str], spec: Mapping[str, Any]) ->
     renewed = spec.get("renewTime")
     if not (node and endpoint and renewed) or name != lease_name(node):
         return None
+    stopping = annotations.get(labels.CKPT_STOPPING)
     return Announced(
         node,
         endpoint,
         _epoch(renewed),
         float(spec.get("leaseDurationSeconds") or DURATION_SECONDS),
         _epoch(spec.get("acquireTime") or renewed),
+        _epoch(stopping) if stopping else None,
     )
 
 
@@ -171,8 +209,30 @@ def run(
 ) -> None:
     """Renew the Lease every quarter of ``duration`` while the daemon answers (``matrixpool
     announce``). A daemon that stops answering lets its Lease go stale; an API error is
-    logged and retried at the next renewal."""
+    logged and retried at the next renewal. Once ``stopped()`` (SIGTERM: the pod is being
+    deleted, the daemon with it), mark the Lease stopping (:func:`mark_stopping`)."""
     first = True
+    try:
+        _renew(api, namespace, node, endpoint, duration, stopped, log, first)
+    finally:
+        if stopped():
+            try:
+                mark_stopping(api, namespace, node)
+                log(f"announce: {lease_name(node)} marked stopping")
+            except Exception as error:  # the Lease goes stale instead: counted as lost
+                log(f"announce: could not mark {lease_name(node)} stopping: {error}")
+
+
+def _renew(
+    api: k8s_client.Api,
+    namespace: str,
+    node: str,
+    endpoint: str,
+    duration: int,
+    stopped: Callable[[], bool],
+    log: Callable[[str], None],
+    first: bool,
+) -> None:
     while not stopped():
         if healthy(endpoint):
             try:
@@ -183,4 +243,6 @@ def run(
         else:
             log(f"announce: the daemon at {endpoint} does not answer; not renewing")
             first = True  # when it answers again it is a new daemon (empty, no peers)
-        time.sleep(duration / 4)
+        until = time.monotonic() + duration / 4
+        while not stopped() and time.monotonic() < until:  # SIGTERM ends the wait
+            time.sleep(min(0.2, max(0.0, until - time.monotonic())))

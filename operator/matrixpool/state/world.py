@@ -58,6 +58,9 @@ class World:
     pods: dict[str, list[convert.PodFacts]]  # "<ns>/<owner>" → its pods
     workloads: list[Workload]
     unreachable: frozenset[str] = frozenset()  # nodes whose checkpoint daemon does not answer
+    # nodes whose daemon was stopped on purpose and has not come back yet (a rollout): left
+    # out of `unreachable` (matrixpool.k8s.daemonleases.restarting)
+    restarting: frozenset[str] = frozenset()
     stale: frozenset[str] = frozenset()  # nodes whose kubelet Lease is overdue
     decisions: decided.Decisions = field(default_factory=decided.Decisions)  # the loop's
     shares: decided.Shares = field(default_factory=decided.Shares)  # time-sharing's latest

@@ -115,9 +115,12 @@ class Coordination:
             raise kubernetes.client.ApiException(status=404)
         lease = self.leases[name]
         lease["spec"].update(patch.get("spec", {}))
-        lease["metadata"]["annotations"].update(
-            (patch.get("metadata") or {}).get("annotations") or {}
-        )
+        annotations = lease["metadata"]["annotations"]
+        for key, value in ((patch.get("metadata") or {}).get("annotations") or {}).items():
+            if value is None:
+                annotations.pop(key, None)  # a merge patch's null removes the key
+            else:
+                annotations[key] = value
 
     def create_namespaced_lease(self, namespace: str, body: dict[str, Any]) -> None:
         self.calls.append("create")
@@ -180,3 +183,73 @@ def test_a_stopped_sim_withdraws_its_daemons_lease_and_a_second_withdrawal_is_no
     sim.withdraw_lease(api(fake), "ops", "n1")
     assert fake.leases == {}
     assert fake.calls[-2:] == ["delete", "delete"]
+
+
+def test_a_daemon_stopped_on_purpose_is_restarting_for_the_grace_until_the_next_one_announces(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = Coordination()
+    daemonleases.announce(api(fake), "ops", "n1", "10.0.0.1:7040", now=NOW, first=True)
+    lease = fake.leases["matrixpool-daemon-n1"]
+
+    def seen() -> daemonleases.Announced:
+        parsed = daemonleases.parse(
+            lease["metadata"]["name"], lease["metadata"]["annotations"], lease["spec"]
+        )
+        assert parsed is not None
+        return parsed
+
+    assert seen().stopping is None
+    assert daemonleases.restarting({"n1": seen()}, NOW.timestamp()) == frozenset()
+    # SIGTERM (the pod deleted by a rollout): the announcer's loop ends and marks the Lease
+    monkeypatch.setattr(daemonleases, "healthy", lambda endpoint: True)
+    said: list[str] = []
+    stops = iter([False, True, True, True])
+    daemonleases.run(api(fake), "ops", "n1", "10.0.0.1:7040", duration=4,
+                     stopped=lambda: next(stops), log=said.append)  # fmt: skip
+    stopped_at = seen().stopping
+    assert stopped_at is not None
+    assert said == ["announce: matrixpool-daemon-n1 marked stopping"]
+    assert lease["spec"]["holderIdentity"] == "n1"  # what the daemons' Lease policy requires
+    grace = daemonleases.RESTART_GRACE_SECONDS
+    assert daemonleases.restarting({"n1": seen()}, stopped_at + 1) == {"n1"}
+    assert daemonleases.restarting({"n1": seen()}, stopped_at + grace + 1) == frozenset()
+    # The next daemon's first renewal: no longer stopping
+    later = NOW + datetime.timedelta(seconds=30)
+    daemonleases.announce(api(fake), "ops", "n1", "10.0.0.1:7040", now=later, first=True)
+    assert seen().stopping is None
+    assert labels.CKPT_STOPPING not in lease["metadata"]["annotations"]
+
+
+def test_a_daemon_that_crashed_is_not_marked_stopping(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = Coordination()
+    monkeypatch.setattr(daemonleases, "healthy", lambda endpoint: True)
+
+    class CrashError(Exception):
+        pass
+
+    def stopped() -> bool:
+        if fake.calls:  # killed after its first renewal, not by SIGTERM
+            raise CrashError
+        return False
+
+    with pytest.raises(CrashError):
+        daemonleases.run(api(fake), "ops", "n1", "10.0.0.1:7040", duration=4, stopped=stopped)
+    lease = fake.leases["matrixpool-daemon-n1"]
+    assert labels.CKPT_STOPPING not in lease["metadata"]["annotations"]
+
+
+def test_the_loop_counts_a_daemon_stopped_on_purpose_as_restarting_if_its_kubelet_renews() -> None:
+    from matrixpool.controllers import loop
+
+    now = NOW.timestamp()
+    announced = {
+        "rolled": daemonleases.Announced("rolled", "10.0.0.1:7040", now - 5, 40.0, 0.0, now - 3),
+        "crashed": daemonleases.Announced("crashed", "10.0.0.2:7040", now - 5, 40.0, 0.0),
+        "cut": daemonleases.Announced("cut", "10.0.0.3:7040", now - 5, 40.0, 0.0, now - 3),
+        "long": daemonleases.Announced("long", "10.0.0.4:7040", now - 5, 40.0, 0.0, now - 600),
+    }
+    silent = frozenset(announced)
+    unreachable, restarting = loop.daemons_down(silent, announced, frozenset({"cut"}), now)
+    assert restarting == {"rolled"}
+    assert unreachable == {"crashed", "cut", "long"}  # a crash, a lost node, a daemon gone for good

@@ -55,7 +55,7 @@ async def run(world: read_model.World, state: memory.State, act: executor.Execut
     heartbeat.probe(world, state, act)
     await state.tasks.settle("probe", WAIT_SECONDS)
     nodes: dict[str, inventory.NodeInfo] = {n.name: n for n in world.nodes}
-    lost = state.unreachable(clock.SYSTEM.monotonic())
+    lost = state.unreachable(clock.SYSTEM.monotonic()) - world.restarting  # a rollout: waits
     for workload in world.workloads:
         if not isinstance(workload.model, trainingjob.TrainingJob):
             continue
