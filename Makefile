@@ -53,11 +53,16 @@ integration: venv binaries engine
 
 # make test's split of it: the demo's test brings up a control plane of its own (no shared
 # cluster), so it runs in the first lane, and so do the real engine's autoscaling test, the
-# experts' test and the preemption choice's test, on a control plane of their own session (that
-# lane ends before the real nodes' does); the rest, on the suite's cluster, alone.
+# experts' test, the preemption choice's test and the files that hold no timing (API validation,
+# placement, the CLI and chart: ~4.5 min), on a control plane of their own session (that lane
+# ends before the real nodes and kind do); the rest (autoscaling's SLO, stress, the day-night
+# cycle, status within seconds), on the suite's cluster, alone.
 DEMO_TEST := tests/integration/test_demo.py
 ENGINE_TEST := tests/integration/test_engine_autoscaling.py tests/integration/test_experts.py \
-  tests/integration/test_preemption_choice.py
+  tests/integration/test_preemption_choice.py \
+  $(addprefix tests/integration/test_,scheduling.py pod_constraints.py validation.py peers.py \
+    sim.py timesharing.py admission.py plugin.py kv_cache.py recovery_limits.py helm.py \
+    rendezvous.py)
 integration-demo: venv binaries
 	$(BIN)/pytest $(DEMO_TEST) -q --durations=1
 integration-engine: venv binaries engine
@@ -96,7 +101,7 @@ kind:
 kind-down:
 	tools/kind/cluster.sh down
 # docs/install-kind.md section B on a 1-node kind cluster (tools/kind/e2e.sh: steps 1-3 with
-# this machine's substitutions, 4-7 read from the doc and run as written; it prints which).
+# this machine's substitutions, 4-11 read from the doc and run as written; it prints which).
 # In `test`, after the real nodes, whose image archive it loads into kind. Root.
 kind-e2e: binaries
 	tools/kind/e2e.sh
