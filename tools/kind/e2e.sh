@@ -46,8 +46,10 @@ bin=$(nice -n 19 "$repo/tools/k8s/build.sh" | tail -n1)
 kbin=$(kind_binaries)
 export PATH=$kbin:$bin:$PATH  # kind, kubectl, helm, kwok: all built here
 
+shim=""  # the folder of the `docker` stand-in (below), removed on the way out
 finish() {
   local rc=$?
+  [ -z "$shim" ] || rm -rf "$shim"
   say "deleting the cluster"
   "$here/cluster.sh" down || rc=1
   printf '%s\n' "${results[@]}" >&2
