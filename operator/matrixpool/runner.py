@@ -6,6 +6,7 @@ that several replicas can run with one active.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import random
@@ -25,12 +26,7 @@ def run(
     metrics_port: int = 0,
 ) -> None:
     logs.configure()
-    from matrixpool.controllers import (  # noqa: F401 -- registers every handler
-        credentials,
-        jobservice,
-        loop,
-    )
-
+    register()
     metrics.serve(metrics_port)
 
     kopf.on.startup()(_configure)
@@ -42,6 +38,21 @@ def run(
         namespaces=list(namespaces),
         liveness_endpoint=liveness,
     )
+
+
+# The modules whose import registers the operator's kopf handlers, in the order kopf is to call
+# one resource's event handlers (it calls them one after another, in the order they were
+# registered): a new TrainingJob's Secret first (its pods mount it), then the loop's wake (the
+# job gets placed), then its headless Service (rank 0's name, which no pod resolves before it
+# runs). Awaited before the wake, the Service's write held every new job's placement back by
+# one API round trip.
+HANDLER_MODULES = ("credentials", "wake", "jobservice", "loop")
+
+
+def register() -> None:
+    """Register every handler, in :data:`HANDLER_MODULES`' order."""
+    for module in HANDLER_MODULES:
+        importlib.import_module(f"matrixpool.controllers.{module}")
 
 
 def _peering_priority() -> int:
