@@ -62,7 +62,7 @@ ENGINE_TEST := tests/integration/test_engine_autoscaling.py tests/integration/te
   tests/integration/test_preemption_choice.py \
   $(addprefix tests/integration/test_,scheduling.py pod_constraints.py validation.py peers.py \
     sim.py timesharing.py admission.py plugin.py kv_cache.py recovery_limits.py helm.py \
-    rendezvous.py)
+    rendezvous.py locality_wait.py)
 integration-demo: venv binaries
 	$(BIN)/pytest $(DEMO_TEST) -q --durations=1
 integration-engine: venv binaries engine

@@ -74,13 +74,17 @@ def fixed_world(
     spares: int = 0,
     down: frozenset[str] = frozenset(),
     time_sharing: dict[str, Any] | None = None,
+    racks: bool = False,
 ) -> world.World:
+    """``racks``: the SuperNode's topologyKeys name the rack label (racks of two nodes)."""
     spec: dict[str, Any] = {
         "nodeSelector": {"matchLabels": {"sn": "a"}},
         "cardResource": CARDS,
         "cardsPerNode": 8,
         "spares": {"nodes": spares},
     }
+    if racks:
+        spec["topologyKeys"] = ["matrixpool.dev/rack"]
     if time_sharing is not None:
         spec["timeSharing"] = time_sharing
     sn = supernode.parse(

@@ -88,6 +88,10 @@ class Placement(common.ApiModel):
     """Required: one supernode; Preferred: may span supernodes when one does not fit."""
     group_size: int | None = Field(default=None, ge=1)
     """Ranks that must share one topology domain (the finest topology key), if set."""
+    locality_wait_seconds: int = Field(default=0, ge=0, le=3600)
+    """Seconds the gang may wait for the fewest racks that could hold it when the cards free now
+    would spread it over more (other gangs may take them meanwhile); then it takes what is free.
+    0: no wait."""
 
 
 class MemoryTier(common.ApiModel):

@@ -25,7 +25,9 @@ Rules of DESIGN.md's scheduling contract, and where they live:
   to: :mod:`matrixpool.placement.preemption`;
 - a training gang that would need fewer racks once the cards of pods going away are free
   (``Holding.leaving``) waits for them (:data:`LEAVING`); :func:`preempt` then evicts nobody
-  and names where it will go, so the scheduler holds the free part of it meanwhile.
+  and names where it will go, so the scheduler holds the free part of it meanwhile;
+- how many racks a placement uses beyond the fewest that could hold it (:func:`racks`),
+  for the scheduler's locality wait (``spec.placement.localityWaitSeconds``).
 
 Pods of a gang that already hold cards (a gang half-bound when the operator died) keep them;
 only the rest is placed, in the same supernode when the gang is ``Required``.
@@ -62,6 +64,7 @@ __all__ = [
     "first_fit",
     "place",
     "preempt",
+    "racks",
 ]
 
 INSUFFICIENT_CARDS = "InsufficientCards"  # fewer free cards than the gang needs
@@ -196,9 +199,7 @@ def _sooner_fewer(
     if (gang.group_size or 1) > 1:
         return None
     now = _racks(snap, placed)
-    size = max(p.cards for p in pending)
-    largest = snap.largest_rack(size)
-    if now <= (-(-len(pending) // largest) if largest else 1):
+    if now <= _fewest_racks(snap, len(pending), max(p.cards for p in pending)):
         return None  # already the fewest any rack could allow
     with snap.tentative():
         for leaving_gang, pods in snap.leaving.items():
@@ -220,6 +221,21 @@ def _after_leaving(snap: Snapshot, gang: GangRequest) -> Placement | None:
         return None
     later = _sooner_fewer(snap, gang, pending, kept, placed)
     return _placement(gang, kept, later) if later is not None else None
+
+
+def racks(snapshot: Snapshot, placement: Placement) -> tuple[int, int]:
+    """The racks ``placement`` uses, and the fewest that could hold its pods on an empty layout
+    (ceil(pods / the pods the roomiest rack holds)): a locality wait waits for them to match."""
+    placed = placement.assignments
+    if not placed:
+        return 0, 0
+    size = max(len(a.cards) for a in placed)
+    return _racks(snapshot, placed), _fewest_racks(snapshot, len(placed), size)
+
+
+def _fewest_racks(snap: Snapshot, pods: int, size: int) -> int:
+    largest = snap.largest_rack(size)
+    return -(-pods // largest) if largest else 1
 
 
 def _racks(snap: Snapshot, placed: Sequence[Assignment]) -> int:

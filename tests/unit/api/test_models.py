@@ -155,7 +155,7 @@ def test_fields_are_camel_case_on_the_wire_and_snake_case_in_python() -> None:
     wire = common.to_wire(spec)
     assert wire["cardsPerReplica"] == 8
     assert wire["minReplicas"] == 4
-    assert wire["placement"] == {"superNodeAffinity": "Required"}
+    assert wire["placement"] == {"superNodeAffinity": "Required", "localityWaitSeconds": 0}
     assert "superNode" not in wire  # unset optionals are left out of patches
     assert trainingjob.parse_spec(wire) == spec
 

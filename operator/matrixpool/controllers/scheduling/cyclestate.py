@@ -46,6 +46,9 @@ class Memory:
     # gang → when it preempted (monotonic): until it binds, the cards its victims free are
     # held for it against lower priorities (engine.Snapshot.hold_free)
     nominated: dict[str, float] = field(default_factory=dict)
+    # gang → when a cycle could first have placed it, but only across more racks than the
+    # fewest that hold it (monotonic): its locality wait runs from then (placement)
+    spread_since: dict[str, float] = field(default_factory=dict)
     deferred: bool = (
         False  # the last cycle left placeable gangs to the next (placement.PODS_PER_CYCLE)
     )
@@ -75,6 +78,8 @@ class Memory:
             del self.reasons[gang]
         for gang in [g for g in self.nominated if g == key or g.startswith(key + "/")]:
             del self.nominated[gang]
+        for gang in [g for g in self.spread_since if g == key or g.startswith(key + "/")]:
+            del self.spread_since[gang]
 
 
 @dataclass(frozen=True)

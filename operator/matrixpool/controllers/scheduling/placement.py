@@ -2,7 +2,9 @@
 first (:func:`place`), at most :data:`PODS_PER_CYCLE` pods a cycle. A gang that fits only by
 taking cards preempts (:mod:`.preemption`) and holds the cards its victims free for
 :data:`NOMINATION_SECONDS`; one that does not fit keeps its reason (a Warning Event when the
-reason is new). Shrunk elastic jobs grow back (:func:`grow`). Called by :mod:`.cycle`."""
+reason is new). A training gang that asks for a locality wait and would now cross more racks
+than the fewest that hold it waits for them, at most that long (:func:`waits_for_fewer_racks`).
+Shrunk elastic jobs grow back (:func:`grow`). Called by :mod:`.cycle`."""
 
 from __future__ import annotations
 
@@ -45,6 +47,8 @@ CARDS_BEING_FREED = model.Reason(
     "WaitingForEviction", "the pods of preempted gangs are terminating; their cards come next"
 )
 
+FEWER_RACKS = "WaitingForFewerRacks"  # a locality wait (spec.placement.localityWaitSeconds)
+
 WAITING_FOR_CHECKPOINT = model.Reason(
     "WaitingForCheckpoint",
     "lower-priority training was asked to checkpoint before it gives up its cards",
@@ -78,7 +82,12 @@ async def place(
         if verdict is None:
             verdict = engine.place(snapshot, request)
         key = item.gang.request.gang
+        if isinstance(verdict, model.Placement) and waits_for_fewer_racks(
+            cycle, item, snapshot, verdict
+        ):
+            continue
         if isinstance(verdict, model.Placement):
+            cycle.memory.spread_since.pop(key, None)
             snapshot.commit(verdict)
             bindings.append(cyclestate.Binding(item, verdict))
             budget -= len(verdict.assignments)
@@ -114,6 +123,48 @@ async def place(
     waiting = [p.gang.request.priority for p in pending if p.gang.request.gang not in placed]
     await grow(cycle, snapshot, max(waiting, default=None), shrunk)
     return bindings
+
+
+def waits_for_fewer_racks(
+    cycle: cyclestate.CycleState,
+    item: cyclestate.Pending,
+    snapshot: engine.Snapshot,
+    placement: model.Placement,
+) -> bool:
+    """Rule: a training gang whose placement would use more racks than the fewest that could
+    hold it (:func:`engine.racks`) waits for them, up to its
+    ``spec.placement.localityWaitSeconds`` counted from the first cycle that could have placed
+    it that way; meanwhile other gangs may take the cards (nothing is held for it), and once
+    the wait is over it takes the fewest racks of what is free. As Slurm's
+    ``--switches=N@max-time``: a collective-heavy job pays for every extra rack on every step.
+    Only a gang placed whole: pods that already hold cards (a recovery's holes) never wait."""
+    wait = locality_wait(item.workload)
+    if wait <= 0 or snapshot.kept(item.request.gang):  # pods that hold cards: not a new gang
+        return False
+    used, fewest = engine.racks(snapshot, placement)
+    if used <= fewest:
+        return False
+    now = clock.SYSTEM.monotonic()
+    since = cycle.memory.spread_since.setdefault(item.gang.request.gang, now)
+    if now - since >= wait:
+        return False
+    note_reason(
+        cycle,
+        item,
+        model.Reason(
+            FEWER_RACKS,
+            f"the free cards would spread it over more racks than the {fewest} that could hold"
+            f" it: it waits up to {wait} s for them (spec.placement.localityWaitSeconds)",
+        ),
+    )
+    return True
+
+
+def locality_wait(workload: Workload) -> int:
+    job = workload.model
+    return (
+        job.spec.placement.locality_wait_seconds if isinstance(job, trainingjob.TrainingJob) else 0
+    )
 
 
 def growable(cycle: cyclestate.CycleState) -> list[Workload]:
