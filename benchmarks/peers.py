@@ -8,8 +8,9 @@ GenericWorkload and TopologyAwareWorkloadScheduling, Kueue v0.17 as a process) o
 supernodes of 48 kwok nodes × 8 cards, racks of 4 nodes. Each system then runs, in turn, on the
 same nodes and the same seeded trace, each gang written in that system's own API:
 
-- matrixpool: a TrainingJob (``superNodeAffinity: Required``) or, for an inference group, an
-  InferenceService role of ``podsPerReplica`` pods;
+- matrixpool: a TrainingJob (``superNodeAffinity: Required``; ``groupSize`` = its pods when it
+  fits a rack, else ``localityWaitSeconds`` = ``--locality-wait``, 10 s by default) or, for an
+  inference group, an InferenceService role of ``podsPerReplica`` pods;
 - kube-scheduler: a PodGroup (``gang.minCount`` = the gang's pods,
   ``schedulingConstraints.topology`` on the rack label when the gang fits a rack, else on the
   supernode label) and its pods, created by this script as a workload controller would (32 at a
@@ -73,6 +74,9 @@ JOB_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"  # Kueue's Indexed 
 RUN_FOREVER = {"pod-complete.stage.kwok.x-k8s.io/delay": "24h"}  # kwok completes Job pods
 CONCURRENCY = 32
 PHASES = frozenset({"burst", "trace", "preemption"})  # "single" on request
+# matrixpool's TrainingJobs larger than a rack ask to wait this long for the fewest racks
+# (spec.placement.localityWaitSeconds; a user's choice, as the peers' topology annotations are)
+LOCALITY_WAIT_SECONDS = 10
 PARTIAL_SECONDS = 10.0  # some pods bound, others not, this long: a gang left partly bound
 IMAGE = "peers/worker:1"  # kwok runs no image
 
@@ -164,9 +168,12 @@ class System:
 class Matrixpool(System):
     name = "matrixpool"
 
-    def __init__(self, api: k8s_client.Api, shape: topology.Shape, kubeconfig: Path) -> None:
+    def __init__(
+        self, api: k8s_client.Api, shape: topology.Shape, kubeconfig: Path, locality_wait: int = 0
+    ) -> None:
         super().__init__(api, shape)
         self.kubeconfig = kubeconfig
+        self.locality_wait = locality_wait
         self.operator: subprocess.Popen[bytes] | None = None
         self.log = kubeconfig.parent / "operator.log"
 
@@ -263,10 +270,13 @@ class Matrixpool(System):
 
     def placement(self, gang: Gang) -> dict[str, Any]:
         """One supernode always; a gang that fits a rack keeps its ranks in one
-        (``groupSize``: matrixpool's way of saying what the peers' rack constraint says)."""
+        (``groupSize``: matrixpool's way of saying what the peers' rack constraint says); a
+        larger one waits up to ``--locality-wait`` seconds for the fewest racks."""
         placement: dict[str, Any] = {"superNodeAffinity": "Required"}
         if gang.domain(self.shape) == labels.RACK and gang.pods > 1:
             placement["groupSize"] = gang.pods
+        elif self.locality_wait > 0:
+            placement["localityWaitSeconds"] = self.locality_wait
         return placement
 
     def remove(self, gang: Gang) -> None:
@@ -959,6 +969,12 @@ def main() -> int:
     parser.add_argument(
         "--dump", type=Path, help="write each system's per-gang placements of the trace (JSON)"
     )
+    parser.add_argument(
+        "--locality-wait",
+        type=int,
+        default=LOCALITY_WAIT_SECONDS,
+        help="matrixpool's spec.placement.localityWaitSeconds for gangs larger than a rack",
+    )
     args = parser.parse_args()
     say: Any = (lambda _: None) if args.json else (lambda line: print(line, file=sys.stderr))
     if args.json:
@@ -979,7 +995,7 @@ def main() -> int:
             for name in args.systems.split(","):
                 system: System
                 if name == "matrixpool":
-                    system = Matrixpool(api, shape, local.kubeconfig)
+                    system = Matrixpool(api, shape, local.kubeconfig, args.locality_wait)
                 elif name == "kube-scheduler":
                     system = KubeScheduler(api, shape)
                 else:
@@ -997,6 +1013,7 @@ def main() -> int:
     png_error = write_png(args.png, results, shape.node_count * shape.cards_per_node)
     report: dict[str, Any] = {
         "trace": {"gangs": len(trace), "seconds": args.seconds, "seed": args.seed},
+        "matrixpool_locality_wait_seconds": args.locality_wait,
         "cluster": {
             "supernodes": shape.supernodes,
             "nodes": shape.node_count,
