@@ -45,11 +45,14 @@ def two_racks(cluster: framework.TestCluster) -> Iterator[str]:
 
 
 def one_node_free_per_rack(cluster: framework.TestCluster, namespace: str) -> dict[str, str]:
-    """Two 3-node gangs, one per rack; the rack of each."""
+    """Two 3-node gangs, one per rack (``groupSize`` 3: each waits for a rack with 3 free nodes,
+    also while the operator still counts the previous test's pods); the rack of each."""
     racks = racks_of_nodes(cluster)
     found = {}
     for name in ("left", "right"):
-        nodes = run_bound(cluster, namespace, training(name, 3, 10), 3)
+        job = training(name, 3, 10)
+        job.body["spec"]["placement"]["groupSize"] = 3
+        nodes = run_bound(cluster, namespace, job, 3)
         assert len({racks[n] for n in nodes}) == 1, f"{name} spans racks: {nodes}"
         found[name] = racks[nodes[0]]
     assert set(found.values()) == set(RACKS), found
