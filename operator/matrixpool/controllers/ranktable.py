@@ -2,10 +2,11 @@
 the nodes and cards the operator chose, in a ConfigMap the job's pods mount read-only
 (``RANK_TABLE_FILE``, :func:`matrixpool.k8s.pods._give_rendezvous`).
 
-The table says ``"status": "initializing"`` until every rank the job runs with holds its cards,
-then ``"completed"``, as MindCluster's does: a training script waits for ``completed`` before it
-reads the servers. It is written again whenever the placement changes (a recovery moved a rank,
-the gang shrank or grew); the kubelet refreshes the file in every running pod.
+The table says ``"status": "initializing"`` until every rank the job runs with is bound with
+its cards, then ``"completed"``, as MindCluster's does: a training script waits for
+``completed`` before it reads the servers. It is written again whenever the placement changes
+(a recovery moved a rank, the gang shrank or grew); the kubelet refreshes the file in every
+running pod.
 
 Shape (one entry per server, in rank order; a server's devices in card order)::
 
@@ -88,7 +89,8 @@ def table(
         devices = servers.setdefault(server, [])
         for i, card in enumerate(sorted(pod.cards)):
             devices.append({"device_id": str(card), "rank_id": str(rank * per_replica + i)})
-    complete = set(held) == set(range(size))
+    # bound, not only reserved: a report may read the world while a binding cycle writes
+    complete = set(held) == set(range(size)) and all(p.node for p in held.values())
     return {
         "version": VERSION,
         "status": "completed" if complete else "initializing",

@@ -12,7 +12,7 @@ import pytest
 from matrixpool.controllers import loop, wake
 from matrixpool.controllers.scheduling import cycle as scheduler
 from tests.unit.recorder import Recorder
-from tests.unit.worlds import fixed_world, job
+from tests.unit.worlds import fixed_world, index, job, running
 
 
 def test_a_fault_stamped_during_a_pass_stops_it_before_the_scheduling_cycle(
@@ -49,6 +49,61 @@ def test_a_fault_stamped_during_a_pass_stops_it_before_the_scheduling_cycle(
         assert state.unreported  # its binding cycle ran apart: the next pass reports first
         await loop.one_pass(state, lambda: seen, alarm)
         assert {s["name"] for s in act.cluster_statuses} == {"sn-a"}
+        assert not state.unreported
+
+    asyncio.run(scenario())
+
+
+def test_a_gang_that_came_during_a_binding_cycle_is_placed_before_the_owed_report(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pass after a binding cycle runs its own scheduling cycle first, then writes the
+    status the binding cycle left owed (before, the report came first and the new gang waited
+    for it); a binding cycle that pass started leaves its own status owed."""
+    steps: list[str] = []
+    reporting, cycling = loop.report, loop.scheduler.run_cycle
+
+    async def report(*args: Any) -> None:
+        steps.append("report")
+        await reporting(*args)
+
+    async def run_cycle(*args: Any, **kwargs: Any) -> bool:
+        steps.append("cycle")
+        return await cycling(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "report", report)
+    monkeypatch.setattr(loop.scheduler, "run_cycle", run_cycle)
+
+    class Held(Recorder):
+        """Bindings wait until the test lets them through."""
+
+        through = asyncio.Event()
+
+        async def bind(self, bindings: Any) -> Any:
+            await self.through.wait()
+            return await super().bind(bindings)
+
+    async def scenario() -> None:
+        act = Held()
+        act.through.set()
+        state = loop.Controllers(act=act)
+        seen = fixed_world({}, [job("a", 1)])
+        await loop.one_pass(state, lambda: seen, None)
+        assert steps == ["cycle"]  # a's binding cycle runs apart: its status is owed
+        assert state.unreported
+        await scheduler.settle(state.cycle)
+        steps.clear()
+        act.through.clear()  # b's Binding waits
+        later = fixed_world(index(*running("a", 1)), [job("a", 1), job("b", 1)])
+        await loop.one_pass(state, lambda: later, None)
+        assert steps == ["cycle", "report"]
+        assert [p["metadata"]["name"] for p in act.created] == ["a-0", "b-0"]
+        assert {s["name"] for s in act.cluster_statuses} == {"sn-a"}
+        assert state.unreported  # b's binding cycle: its status comes after it
+        act.through.set()
+        await scheduler.settle(state.cycle)
+        await loop.one_pass(state, lambda: later, None)
+        assert steps == ["cycle", "report", "cycle", "report"]
         assert not state.unreported
 
     asyncio.run(scenario())

@@ -136,7 +136,7 @@ def world_with(placed: list[Any], nodes: int = 4) -> Any:
 def test_the_rank_table_lists_each_ranks_server_and_cards_in_rank_order() -> None:
     placed = [
         worlds.pod("llm-0", "p0", node="n2", cards=frozenset({4, 5, 6, 7, 0, 1, 2, 3})),
-        worlds.pod("llm-1", "p1", reserved_node="n0", cards=worlds.EIGHT),
+        worlds.pod("llm-1", "p1", node="n0", cards=worlds.EIGHT),
     ]
     world, job = world_with(placed)
     found = ranktable.table(world, job)
@@ -149,6 +149,20 @@ def test_the_rank_table_lists_each_ranks_server_and_cards_in_rank_order() -> Non
     assert [d["device_id"] for d in first["device"]] == [str(c) for c in range(8)]
     assert [d["rank_id"] for d in first["device"]] == [str(r) for r in range(8)]
     assert [d["rank_id"] for d in second["device"]] == [str(r) for r in range(8, 16)]
+
+
+def test_a_rank_reserved_but_not_yet_bound_leaves_the_table_initializing() -> None:
+    """A status report may read the world while a binding cycle writes: a reservation names
+    the server, but the Binding may still be refused and the gang placed elsewhere."""
+    placed = [
+        worlds.pod("llm-0", "p0", node="n2", cards=worlds.EIGHT),
+        worlds.pod("llm-1", "p1", reserved_node="n0", cards=worlds.EIGHT),
+    ]
+    world, job = world_with(placed)
+    found = ranktable.table(world, job)
+    assert found is not None
+    assert found["status"] == "initializing"
+    assert found["server_count"] == "2"
 
 
 def test_the_rank_table_is_initializing_until_every_rank_holds_its_cards() -> None:
