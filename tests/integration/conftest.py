@@ -3,6 +3,7 @@ namespace per test, the operator as a subprocess. See :mod:`tests.integration.fr
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -59,3 +60,24 @@ def two_supernodes(cluster: framework.TestCluster) -> Iterator[list[str]]:
     yield names
     for name in names:
         cluster.kubectl("delete", "supernode", name, check=False)
+
+
+TWO_RACKS = ("sn-0-rack-0", "sn-0-rack-1")  # the racks of small_supernode
+
+
+@pytest.fixture
+def small_supernode(cluster: framework.TestCluster) -> Iterator[str]:
+    """SuperNode sn-pre: the 8 nodes of two racks of sn-0 (:data:`TWO_RACKS`), no spare, over a
+    cluster with no gang pods left; deleted after the test."""
+    framework.eventually(
+        lambda: not framework.gang_pods(cluster), timeout=60, what="no gang pods left"
+    )
+    body = manifests.supernode("sn-pre", spares=0).body
+    body["spec"]["nodeSelector"] = {
+        "matchExpressions": [
+            {"key": "matrixpool.dev/rack", "operator": "In", "values": list(TWO_RACKS)}
+        ]
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(body))
+    yield "sn-pre"
+    cluster.kubectl("delete", "supernode", "sn-pre", check=False)

@@ -10,13 +10,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
-
-import pytest
 
 from tests.integration import framework, manifests
 from tests.integration.test_preemption_choice import (
-    RACK,
     RACKS,
     condition,
     get_job,
@@ -27,21 +23,6 @@ from tests.integration.test_preemption_choice import (
 )
 
 WAITING = "WaitingForFewerRacks"
-
-
-@pytest.fixture
-def two_racks(cluster: framework.TestCluster) -> Iterator[str]:
-    """SuperNode sn-pre: the 8 nodes of two racks, no spare; deleted after the test."""
-    framework.eventually(
-        lambda: not framework.gang_pods(cluster), timeout=60, what="no gang pods left"
-    )
-    body = manifests.supernode("sn-pre", spares=0).body
-    body["spec"]["nodeSelector"] = {
-        "matchExpressions": [{"key": RACK, "operator": "In", "values": list(RACKS)}]
-    }
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(body))
-    yield "sn-pre"
-    cluster.kubectl("delete", "supernode", "sn-pre", check=False)
 
 
 def one_node_free_per_rack(cluster: framework.TestCluster, namespace: str) -> dict[str, str]:
@@ -79,7 +60,7 @@ def test_a_rack_freed_during_the_wait_is_taken_whole(
     cluster: framework.TestCluster,
     operator: framework.Operator,
     namespace: str,
-    two_racks: str,
+    small_supernode: str,
 ) -> None:
     rack_of = one_node_free_per_rack(cluster, namespace)
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=pair("pair", 600).yaml())
@@ -104,7 +85,7 @@ def test_once_the_wait_is_over_it_takes_the_racks_that_are_free(
     cluster: framework.TestCluster,
     operator: framework.Operator,
     namespace: str,
-    two_racks: str,
+    small_supernode: str,
 ) -> None:
     one_node_free_per_rack(cluster, namespace)
     applied = time.monotonic()

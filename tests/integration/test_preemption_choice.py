@@ -12,31 +12,14 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.integration import framework, manifests
+from tests.integration.conftest import TWO_RACKS
 
-RACKS = ("sn-0-rack-0", "sn-0-rack-1")
+RACKS = TWO_RACKS
 RACK = "matrixpool.dev/rack"
-
-
-@pytest.fixture
-def small_supernode(cluster: framework.TestCluster) -> Iterator[str]:
-    """SuperNode sn-pre: the 8 nodes of two racks, no spare; deleted after the test."""
-    framework.eventually(
-        lambda: not framework.gang_pods(cluster), timeout=60, what="no gang pods left"
-    )
-    body = manifests.supernode("sn-pre", spares=0).body
-    body["spec"]["nodeSelector"] = {
-        "matchExpressions": [{"key": RACK, "operator": "In", "values": list(RACKS)}]
-    }
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(body))
-    yield "sn-pre"
-    cluster.kubectl("delete", "supernode", "sn-pre", check=False)
 
 
 def racks_of_nodes(cluster: framework.TestCluster) -> dict[str, str]:

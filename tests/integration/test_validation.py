@@ -476,7 +476,7 @@ def test_defaults_are_filled_in_by_the_api_server(
     )  # fmt: skip
     spec = yaml.safe_load(result.stdout)["spec"]
     assert spec["priority"] == 100
-    assert spec["placement"] == {"superNodeAffinity": "Required"}
+    assert spec["placement"] == {"superNodeAffinity": "Required", "localityWaitSeconds": 0}
     assert spec["recovery"] == {
         "maxRecoveries": 10,
         "levels": ["InPlace", "SpareSwap", "Reschedule"],
