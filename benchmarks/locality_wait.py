@@ -9,7 +9,7 @@ What the model is: a gang arrives at its trace time; every arrival, departure an
 places the waiting gangs in arrival order (as the scheduling cycle does, every one that fits:
 no gang holds cards for another); a training gang larger than a rack whose placement uses more
 racks than the fewest that could hold it waits, up to the wait from the first moment it could
-have been placed that way (the rule of ``controllers.scheduling.placement``); a placed gang
+have been placed that way (``engine.waits_for_fewer_racks``, the controller's rule); a placed gang
 leaves ``duration`` seconds later, its cards free at once. What it leaves out: the API server's
 latency, pods that go one by one (``WaitingForLeavingPods``), the binding's pace. Figures:
 ``extra_racks`` (training gangs: racks used minus the fewest, as ``peers.py`` counts them),
@@ -74,7 +74,7 @@ def run(trace: list[Gang], wait: float) -> dict[str, float]:
     events = [(g.arrival, ARRIVE, g.name) for g in trace]
     heapq.heapify(events)
     waiting: list[str] = []
-    spread_since: dict[str, float] = {}
+    spread_since: dict[model.GangKey, float] = {}
     waited: list[float] = []
     extra = 0
     total = SUPERNODES * RACKS * PER_RACK * CARDS
@@ -94,12 +94,11 @@ def run(trace: list[Gang], wait: float) -> dict[str, float]:
             verdict = engine.place(snapshot, request(gang))
             if not isinstance(verdict, model.Placement):
                 continue
+            limit = 0.0 if gang.serving else wait
+            if engine.waits_for_fewer_racks(snapshot, verdict, limit, spread_since, now):
+                heapq.heappush(events, (spread_since[verdict.gang] + wait, WAKE, name))
+                continue
             racks, fewest = engine.racks(snapshot, verdict)
-            if not gang.serving and racks > fewest and wait > 0:
-                since = spread_since.setdefault(name, now)
-                if now - since < wait:
-                    heapq.heappush(events, (since + wait, WAKE, name))
-                    continue
             snapshot.commit(verdict)
             used += gang.pods * gang.cards
             waiting.remove(name)

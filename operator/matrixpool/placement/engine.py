@@ -35,7 +35,7 @@ only the rest is placed, in the same supernode when the gang is ``Required``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 
 from matrixpool.placement import choose, diagnose, firstfit, nodefit, preemption, servable
 from matrixpool.placement.model import (
@@ -231,6 +231,27 @@ def racks(snapshot: Snapshot, placement: Placement) -> tuple[int, int]:
         return 0, 0
     size = max(len(a.cards) for a in placed)
     return _racks(snapshot, placed), _fewest_racks(snapshot, len(placed), size)
+
+
+def waits_for_fewer_racks(
+    snapshot: Snapshot,
+    placement: Placement,
+    wait: float,
+    spread_since: MutableMapping[GangKey, float],
+    now: float,
+) -> tuple[int, int] | None:
+    """Rule: a gang whose ``placement`` would use more racks than the fewest that could hold it
+    (:func:`racks`) waits for them, up to ``wait`` seconds from the first time (``now``, kept
+    in ``spread_since``) it could have been placed that way; then it takes what is free. A
+    gang whose pods already hold cards (a recovery's holes) never waits. Returns the racks it
+    would use and the fewest while it waits, ``None`` when it is to be placed now."""
+    if wait <= 0 or snapshot.kept(placement.gang):
+        return None
+    used, fewest = racks(snapshot, placement)
+    if used <= fewest:
+        return None
+    since = spread_since.setdefault(placement.gang, now)
+    return (used, fewest) if now - since < wait else None
 
 
 def _fewest_racks(snap: Snapshot, pods: int, size: int) -> int:

@@ -131,23 +131,18 @@ def waits_for_fewer_racks(
     snapshot: engine.Snapshot,
     placement: model.Placement,
 ) -> bool:
-    """Rule: a training gang whose placement would use more racks than the fewest that could
-    hold it (:func:`engine.racks`) waits for them, up to its
-    ``spec.placement.localityWaitSeconds`` counted from the first cycle that could have placed
-    it that way; meanwhile other gangs may take the cards (nothing is held for it), and once
-    the wait is over it takes the fewest racks of what is free. As Slurm's
-    ``--switches=N@max-time``: a collective-heavy job pays for every extra rack on every step.
-    Only a gang placed whole: pods that already hold cards (a recovery's holes) never wait."""
+    """A training gang waits for fewer racks (:func:`engine.waits_for_fewer_racks`) up to its
+    ``spec.placement.localityWaitSeconds``, counted from the first cycle that could have placed
+    it spread; meanwhile other gangs may take the cards (nothing is held for it), and once the
+    wait is over it takes the fewest racks of what is free. As Slurm's
+    ``--switches=N@max-time``: a collective-heavy job pays for every extra rack on every
+    step."""
     wait = locality_wait(item.workload)
-    if wait <= 0 or snapshot.kept(item.request.gang):  # pods that hold cards: not a new gang
-        return False
-    used, fewest = engine.racks(snapshot, placement)
-    if used <= fewest:
-        return False
     now = clock.SYSTEM.monotonic()
-    since = cycle.memory.spread_since.setdefault(item.gang.request.gang, now)
-    if now - since >= wait:
+    spread = engine.waits_for_fewer_racks(snapshot, placement, wait, cycle.memory.spread_since, now)
+    if spread is None:
         return False
+    _, fewest = spread
     note_reason(
         cycle,
         item,
