@@ -48,7 +48,7 @@ class Memory:
     nominated: dict[str, float] = field(default_factory=dict)
     # gang → when a cycle could first have placed it, but only across more racks than the
     # fewest that hold it (monotonic): its locality wait runs from then (placement)
-    spread_since: dict[str, float] = field(default_factory=dict)
+    spread_since: dict[model.GangKey, float] = field(default_factory=dict)
     deferred: bool = (
         False  # the last cycle left placeable gangs to the next (placement.PODS_PER_CYCLE)
     )
