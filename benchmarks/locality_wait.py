@@ -96,7 +96,10 @@ def run(trace: list[Gang], wait: float) -> dict[str, float]:
                 continue
             limit = 0.0 if gang.serving else wait
             if engine.waits_for_fewer_racks(snapshot, verdict, limit, spread_since, now):
-                heapq.heappush(events, (spread_since[verdict.gang] + wait, WAKE, name))
+                # a microsecond past the end: at the end itself, now - since may fall short of
+                # the wait by a rounding error, and the wake would come back at the same time
+                end = spread_since[verdict.gang] + wait + 1e-6
+                heapq.heappush(events, (end, WAKE, name))
                 continue
             racks, fewest = engine.racks(snapshot, verdict)
             snapshot.commit(verdict)

@@ -159,12 +159,13 @@ def test_llama_cpp_pods_scale_with_a_stepped_load_and_a_burst_and_no_request_fai
         assert replicas(cluster, namespace, "chat") == 1, advice(cluster, namespace, "chat")
         # the removed instances drain and exit before a scale-up may take their addresses
         framework.eventually(endpoints.stopped, timeout=40, what="the removed ones stopped")
-        # 1. the step: the role grows; once settled the SLO holds
-        step = send(endpoints, [4 * BASE], 40, seed=2)
+        # 1. the step: the role grows; once settled (its last 30 s, ~60 requests: a slow moment
+        # of this shared machine weighs less than in 20 s) the SLO holds
+        step = send(endpoints, [4 * BASE], 60, seed=2)
         records += step
         grown = replicas(cluster, namespace, "chat")
         assert grown >= 2, advice(cluster, namespace, "chat")
-        assert attained(step, after_s=20) >= 0.95
+        assert attained(step, after_s=30) >= 0.95
         # 2. back to the base: down to one instance, the removed ones drain
         records += send(endpoints, [BASE], 25, seed=3)
         framework.eventually(
@@ -205,4 +206,4 @@ def test_llama_cpp_pods_scale_with_a_stepped_load_and_a_burst_and_no_request_fai
     failures = [(r.url, r.sent_at, r.error) for r in records if r.status != loadgen.Status.OK]
     assert summary.failed == 0, (summary, failures)
     figures = {"burst_began": began.isoformat(), "burst_scaled_after_s": seen[0]}
-    print(json.dumps({**figures, "step_attainment": attained(step, 20)}))
+    print(json.dumps({**figures, "step_attainment": attained(step, 30)}))
