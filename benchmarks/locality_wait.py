@@ -4,6 +4,7 @@ time: the placement engine places the trace of ``benchmarks/peers.py`` (seed 7: 
 each figure is compared with the run without a wait (the same trace, the same departures).
 
     .venv/bin/python benchmarks/locality_wait.py --json
+    .venv/bin/python benchmarks/locality_wait.py --waits 0,3,4,5,6,7,8,10,15 --seeds 30
 
 What the model is: a gang arrives at its trace time; every arrival, departure and wait's end
 places the waiting gangs in arrival order (as the scheduling cycle does, every one that fits:
@@ -119,20 +120,57 @@ def run(trace: list[Gang], wait: float) -> dict[str, float]:
     }
 
 
+def sweep(seeds: int, waits: list[float]) -> list[dict[str, float]]:
+    """Each wait over the traces of seeds 1..``seeds`` (the same generator, other gangs): the
+    mean and median of its extra racks, and of its idle card-hours against no wait on the same
+    trace. One trace's figures jump between neighbouring waits (a gang placed a second later
+    changes every placement after it); the choice of a wait is the seeds' mean's."""
+    extra: dict[float, list[int]] = {w: [] for w in waits}
+    idle: dict[float, list[float]] = {w: [] for w in waits}
+    for seed in range(1, seeds + 1):
+        trace = make_trace(seed, 200, 120.0)
+        base = run(trace, 0.0)["idle_card_hours"]
+        for w in waits:
+            found = run(trace, w)
+            extra[w].append(int(found["extra_racks"]))
+            idle[w].append(found["idle_card_hours"] / base)
+    return [
+        {
+            "wait_seconds": w,
+            "extra_racks_mean": round(statistics.mean(extra[w]), 2),
+            "extra_racks_median": statistics.median(extra[w]),
+            "idle_vs_no_wait_mean": round(statistics.mean(idle[w]), 3),
+            "idle_vs_no_wait_median": round(statistics.median(idle[w]), 3),
+        }
+        for w in waits
+    ]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--json", action="store_true", help="print only the JSON object")
     parser.add_argument("--waits", default="0,2,5,10,30", help="comma-separated seconds")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--seeds", type=int, default=0, help="also each wait over the traces of seeds 1..N"
+    )
     args = parser.parse_args()
+    waits = [float(w) for w in args.waits.split(",")]
     trace = make_trace(args.seed, 200, 120.0)
-    runs = [run(trace, float(w)) for w in args.waits.split(",")]
+    runs = [run(trace, w) for w in waits]
     base = next((r for r in runs if r["wait_seconds"] == 0), runs[0])
     for r in runs:
         r["idle_vs_no_wait"] = round(r["idle_card_hours"] / base["idle_card_hours"], 3)
-    report = {"trace": {"gangs": 200, "seconds": 120.0, "seed": args.seed}, "runs": runs}
+    report: dict[str, Any] = {
+        "trace": {"gangs": 200, "seconds": 120.0, "seed": args.seed},
+        "runs": runs,
+    }
+    if args.seeds:
+        report["seeds"] = {"count": args.seeds, "waits": sweep(args.seeds, waits)}
     if not args.json:
         for r in runs:
+            print(r, file=sys.stderr)
+        for r in report.get("seeds", {}).get("waits", []):
             print(r, file=sys.stderr)
     print(json.dumps(report))
     return 0
