@@ -28,30 +28,16 @@ import sys
 from typing import Any
 
 from matrixpool.placement import engine, model
-from matrixpool.placement.inventory import NodeName
 
 try:  # run as a script: benchmarks/ is on sys.path
     from peers import Gang, make_trace
+    from placement import CARDS, PER_RACK, RACKS, supernode
 except ImportError:  # imported as benchmarks.locality_wait
     from benchmarks.peers import Gang, make_trace
+    from benchmarks.placement import CARDS, PER_RACK, RACKS, supernode
 
-SUPERNODES, RACKS, PER_RACK, CARDS = 4, 12, 4, 8
-CARD = "huawei.com/Ascend910"
+SUPERNODES = 4  # the peers' cluster: 4 of benchmarks/placement.py's supernodes, no card groups
 ARRIVE, LEAVE, WAKE = 0, 1, 2
-
-
-def supernode(index: int) -> model.SuperNodeTopology:
-    name = f"sn-{index}"
-    slots = tuple(
-        model.NodeSlot(
-            name=NodeName(f"{name}-node-{k:02d}"),
-            supernode=name,
-            domains=(f"rack-{k // PER_RACK:02d}",),
-            cards=CARDS,
-        )
-        for k in range(RACKS * PER_RACK)
-    )
-    return model.SuperNodeTopology(name, CARD, slots, 0)
 
 
 def request(gang: Gang) -> model.GangRequest:
@@ -70,7 +56,8 @@ def request(gang: Gang) -> model.GangRequest:
 
 
 def run(trace: list[Gang], wait: float) -> dict[str, float]:
-    snapshot = engine.Snapshot.build([supernode(i) for i in range(SUPERNODES)], [])
+    topologies = [supernode(f"sn-{i}", groups=(), spares=0) for i in range(SUPERNODES)]
+    snapshot = engine.Snapshot.build(topologies, [])
     gangs = {g.name: g for g in trace}
     events = [(g.arrival, ARRIVE, g.name) for g in trace]
     heapq.heapify(events)

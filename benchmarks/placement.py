@@ -67,18 +67,25 @@ def main() -> int:
 # ---- topology and jobs --------------------------------------------------------------------
 
 
-def supernode(name: str) -> model.SuperNodeTopology:
+def supernode(
+    name: str,
+    *,
+    groups: tuple[tuple[int, ...], ...] = GROUPS,
+    spares: int = SPARES,
+) -> model.SuperNodeTopology:
+    """12 racks of 4 nodes of 8 cards; card groups and spare nodes as asked (the peers'
+    cluster of ``benchmarks/peers.py`` has neither)."""
     slots = tuple(
         model.NodeSlot(
             name=NodeName(f"{name}-node-{k:02d}"),
             supernode=name,
             domains=(f"rack-{k // PER_RACK:02d}",),
             cards=CARDS,
-            card_groups=tuple(tuple(model.CardId(c) for c in g) for g in GROUPS),
+            card_groups=tuple(tuple(model.CardId(c) for c in g) for g in groups),
         )
         for k in range(RACKS * PER_RACK)
     )
-    return model.SuperNodeTopology(name, CARD, slots, SPARES)
+    return model.SuperNodeTopology(name, CARD, slots, spares)
 
 
 def request(key: str, pods: int, cards: int, priority: int, **options: Any) -> model.GangRequest:
