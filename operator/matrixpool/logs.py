@@ -49,3 +49,8 @@ def configure(fmt: str | None = None, level: str | None = None) -> None:
     root.setLevel(getattr(logging, level_name, logging.INFO))
     # kopf's per-object debug chatter is useful only when asked for.
     logging.getLogger("kopf").setLevel(max(root.level, logging.INFO))
+    # aiohttp logs every request it serves at info: kopf's liveness endpoint, probed by the
+    # kubelet every few seconds, would be most of the operator's log. Shown at debug.
+    logging.getLogger("aiohttp.access").setLevel(
+        logging.DEBUG if root.level <= logging.DEBUG else logging.WARNING
+    )
