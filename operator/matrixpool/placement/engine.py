@@ -103,13 +103,8 @@ def place(snapshot: Snapshot, gang: GangRequest, patient: bool = True) -> Placem
     never = _never(snapshot, gang)
     if never is not None:
         return never
-    # 2. pods that already hold cards keep them
-    kept = snapshot.kept(gang.gang)
-    pending = tuple(p for p in gang.pods if p.pod not in kept)
-    # 3. tentative placement: one supernode if one holds the gang, else span (Preferred)
-    with snapshot.tentative():
-        snapshot.restrict(gang.needs)
-        placed = _place_tentatively(snapshot, gang, pending, kept)
+    # 2. pods that already hold cards keep them; 3. the rest placed tentatively
+    kept, pending, placed = _tentative(snapshot, gang)
     # 4. what was done is discarded; the answer says what to commit
     if placed is None:
         return Unplaceable(gang.gang, (_why(snapshot, gang, pending),))
@@ -166,6 +161,20 @@ def _never(snapshot: Snapshot, gang: GangRequest) -> Unplaceable | None:
     return servable.check(layout.any_summary, gang)
 
 
+def _tentative(
+    snap: Snapshot, gang: GangRequest
+) -> tuple[dict[PodKey, Assignment], tuple[PodRequest, ...], list[Assignment] | None]:
+    """The pods of ``gang`` that hold cards (kept), the others, and where those others would go
+    now: in one supernode if one holds the gang, else spanning (``Preferred``). ``snap`` is
+    left as it was."""
+    kept = snap.kept(gang.gang)
+    pending = tuple(p for p in gang.pods if p.pod not in kept)
+    with snap.tentative():
+        snap.restrict(gang.needs)
+        placed = _place_tentatively(snap, gang, pending, kept)
+    return kept, pending, placed
+
+
 def _place_tentatively(
     snap: Snapshot,
     gang: GangRequest,
@@ -212,11 +221,7 @@ def _sooner_fewer(
 
 def _after_leaving(snap: Snapshot, gang: GangRequest) -> Placement | None:
     """The placement :func:`_sooner_fewer` waits for, as a whole gang's placement."""
-    kept = snap.kept(gang.gang)
-    pending = tuple(p for p in gang.pods if p.pod not in kept)
-    with snap.tentative():
-        snap.restrict(gang.needs)
-        placed = _place_tentatively(snap, gang, pending, kept)
+    kept, pending, placed = _tentative(snap, gang)
     if placed is None:
         return None
     later = _sooner_fewer(snap, gang, pending, kept, placed)
