@@ -51,8 +51,9 @@ def assign_peers(
     # 1. Givers and the ring of candidates, racks interleaved.
     givers = sorted(n for n, ranks in ranks_by_node.items() if ranks)
     ring = _ring(set(rack_of) | set(givers), rack_of)
+    position = {node: i for i, node in enumerate(ring)}
     # 2. The first peer_replicas nodes of other racks after each giver, then its own rack.
-    peers = {giver: _holders(giver, ring, rack_of, peer_replicas) for giver in givers}
+    peers = {giver: _holders(giver, ring, position, rack_of, peer_replicas) for giver in givers}
     # 3. Say what could not be guaranteed.
     return PeerAssignment(peers, _degraded(peers, rack_of, peer_replicas))
 
@@ -66,14 +67,30 @@ def _ring(nodes: Collection[NodeName], rack_of: Mapping[NodeName, str]) -> list[
 
 
 def _holders(
-    giver: NodeName, ring: list[NodeName], rack_of: Mapping[NodeName, str], replicas: int
+    giver: NodeName,
+    ring: list[NodeName],
+    position: Mapping[NodeName, int],
+    rack_of: Mapping[NodeName, str],
+    replicas: int,
 ) -> tuple[NodeName, ...]:
-    at = ring.index(giver)
-    walk = ring[at + 1 :] + ring[:at]
-    rack = rack_of.get(giver, "")
-    away = [n for n in walk if rack_of.get(n, "") != rack]
-    near = [n for n in walk if rack_of.get(n, "") == rack]
-    return tuple((away + near)[: max(0, replicas)])
+    """Walking the ring from ``giver``: the first ``replicas`` nodes of other racks, or when
+    there are fewer, those and then the next nodes of its own rack. The walk stops at the
+    last one needed (on a ring that interleaves racks, a few steps): every daemon of a
+    supernode is a giver, so a walk of the whole ring each made this quadratic in its nodes."""
+    if replicas <= 0:
+        return ()
+    at, rack = position[giver], rack_of.get(giver, "")
+    away: list[NodeName] = []
+    near: list[NodeName] = []
+    for step in range(1, len(ring)):
+        node = ring[(at + step) % len(ring)]
+        if rack_of.get(node, "") != rack:
+            away.append(node)
+            if len(away) == replicas:
+                return tuple(away)
+        else:
+            near.append(node)
+    return tuple((away + near)[:replicas])
 
 
 def _degraded(

@@ -156,3 +156,25 @@ def test_equal_racks_give_every_node_the_same_number_of_copies(
         assert got.degraded == ""
     else:
         assert got.degraded  # too few nodes in other racks, or too few nodes at all
+
+
+def walked_whole(
+    giver: NodeName, ring: list[NodeName], rack_of: dict[NodeName, str], replicas: int
+) -> tuple[NodeName, ...]:
+    """The rule read literally (the walk of the whole ring that peers._holders stops early)."""
+    at = ring.index(giver)
+    walk = ring[at + 1 :] + ring[:at]
+    away = [n for n in walk if rack_of[n] != rack_of[giver]]
+    near = [n for n in walk if rack_of[n] == rack_of[giver]]
+    return tuple((away + near)[: max(0, replicas)])
+
+
+@SETTINGS
+@given(layouts(), st.integers(0, 12))
+def test_the_walk_that_stops_early_chooses_as_the_whole_walk(
+    layout: tuple[dict[NodeName, list[int]], dict[NodeName, str], int], replicas: int
+) -> None:
+    ranks, rack_of, _ = layout
+    ring = peers._ring(set(rack_of), rack_of)
+    got = peers.assign_peers(ranks, rack_of, replicas)
+    assert got.peers == {g: walked_whole(g, ring, rack_of, replicas) for g in got.peers}
