@@ -282,7 +282,14 @@ def test_one_client_holds_at_most_its_share_and_health_checks_pass_with_every_sl
         conn = connect(cluster, "127.0.0.4")
         conn.sendall(b"PUT /v1/jobs/x/ranks/0/steps/1/shard HTTP/1.0\r\nContent-Len")
         half_sent.append(conn)
-    time.sleep(0.5)
+    # every slot held once the daemon has taken the second client's four: a request from a
+    # third address is a 503 (not always within a fixed 0.5 s on two busy cores: in one CI run
+    # it was still answered)
+    deadline = time.monotonic() + DEADLINE
+    while (status := ask("127.0.0.5", "/v1/info")) != 503:
+        assert status == 200, status
+        assert time.monotonic() < deadline, "the second client's connections never held a slot"
+        time.sleep(0.1)
     assert ask("127.0.0.5", "/v1/healthz") == 200  # every slot held: the health slot answers
     assert ask("127.0.0.5", "/v1/info") == 503
     time.sleep(2.5)  # the first client's fifth connection held a health slot: 2 s at most
