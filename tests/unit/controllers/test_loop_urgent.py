@@ -54,12 +54,20 @@ def test_a_fault_stamped_during_a_pass_stops_it_before_the_scheduling_cycle(
     asyncio.run(scenario())
 
 
-def test_a_gang_that_came_during_a_binding_cycle_is_placed_before_the_owed_report(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The pass after a binding cycle runs its own scheduling cycle first, then writes the
-    status the binding cycle left owed (before, the report came first and the new gang waited
-    for it); a binding cycle that pass started leaves its own status owed."""
+class Held(Recorder):
+    """Bindings wait until the test lets them through."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.through = asyncio.Event()
+
+    async def bind(self, bindings: Any) -> Any:
+        await self.through.wait()
+        return await super().bind(bindings)
+
+
+def recorded_steps(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The order in which a pass runs its scheduling cycle and its status report."""
     steps: list[str] = []
     reporting, cycling = loop.report, loop.scheduler.run_cycle
 
@@ -73,15 +81,17 @@ def test_a_gang_that_came_during_a_binding_cycle_is_placed_before_the_owed_repor
 
     monkeypatch.setattr(loop, "report", report)
     monkeypatch.setattr(loop.scheduler, "run_cycle", run_cycle)
+    return steps
 
-    class Held(Recorder):
-        """Bindings wait until the test lets them through."""
 
-        through = asyncio.Event()
-
-        async def bind(self, bindings: Any) -> Any:
-            await self.through.wait()
-            return await super().bind(bindings)
+def test_a_gang_that_came_during_a_binding_cycle_is_placed_before_the_owed_report(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pass after a binding cycle runs its own scheduling cycle first; when that cycle
+    starts a binding cycle again, the status the first one left owed waits for a pass that
+    binds nothing (before, the report came first and the new gang waited for it; then it was
+    written beside the new binding cycle and slowed its creates)."""
+    steps = recorded_steps(monkeypatch)
 
     async def scenario() -> None:
         act = Held()
@@ -96,14 +106,61 @@ def test_a_gang_that_came_during_a_binding_cycle_is_placed_before_the_owed_repor
         act.through.clear()  # b's Binding waits
         later = fixed_world(index(*running("a", 1)), [job("a", 1), job("b", 1)])
         await loop.one_pass(state, lambda: later, None)
-        assert steps == ["cycle", "report"]
+        assert steps == ["cycle"]  # b's binding cycle writes alone
+        await asyncio.sleep(0.01)  # its task creates b's pods, then waits at the Binding
         assert [p["metadata"]["name"] for p in act.created] == ["a-0", "b-0"]
-        assert {s["name"] for s in act.cluster_statuses} == {"sn-a"}
-        assert state.unreported  # b's binding cycle: its status comes after it
+        assert act.cluster_statuses == []
+        assert state.unreported
         act.through.set()
         await scheduler.settle(state.cycle)
-        await loop.one_pass(state, lambda: later, None)
-        assert steps == ["cycle", "report", "cycle", "report"]
+        await loop.one_pass(state, lambda: later, None)  # binds nothing: the report comes
+        assert steps == ["cycle", "cycle", "report"]
+        assert {s["name"] for s in act.cluster_statuses} == {"sn-a"}
         assert not state.unreported
+
+    asyncio.run(scenario())
+
+
+def test_an_owed_report_waits_for_binding_cycles_at_most_its_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While gangs keep coming, every pass starts a binding cycle: the owed report waits
+    ``REPORT_DEFERRED_SECONDS`` at most, then is written beside the binding cycle, and the
+    status that binding cycle leaves owed waits afresh."""
+    steps = recorded_steps(monkeypatch)
+    now = [1000.0]
+    monkeypatch.setattr(loop.clock.SYSTEM, "monotonic", lambda: now[0])
+
+    async def scenario() -> None:
+        act = Held()
+        act.through.set()
+        state = loop.Controllers(act=act)
+        jobs = [job("a", 1)]
+        await loop.one_pass(state, lambda: fixed_world({}, jobs), None)
+        await scheduler.settle(state.cycle)
+        assert steps == ["cycle"]
+        assert state.unreported
+        pods: dict[str, Any] = index(*running("a", 1))
+        for name in ("b", "c"):  # a new gang at every pass, short of the bound
+            now[0] += loop.REPORT_DEFERRED_SECONDS / 3
+            jobs.append(job(name, 1))
+            seen = fixed_world(pods, list(jobs))
+            await loop.one_pass(state, lambda seen=seen: seen, None)
+            await scheduler.settle(state.cycle)
+            pods = {**pods, **index(*running(name, 1))}
+        assert steps == ["cycle", "cycle", "cycle"]
+        assert act.cluster_statuses == []
+        now[0] += loop.REPORT_DEFERRED_SECONDS / 3  # the bound: written beside d's bindings
+        jobs.append(job("d", 1))
+        act.through.clear()
+        seen = fixed_world(pods, list(jobs))
+        await loop.one_pass(state, lambda: seen, None)
+        assert steps[-2:] == ["cycle", "report"]
+        assert {s["name"] for s in act.cluster_statuses} == {"sn-a"}
+        assert state.unreported  # d's status: owed from now
+        assert state.unreported_since == now[0]
+        assert not state.report_overdue()
+        act.through.set()
+        await scheduler.settle(state.cycle)
 
     asyncio.run(scenario())
