@@ -16,6 +16,7 @@ import asyncio
 import collections
 import dataclasses
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -57,6 +58,9 @@ from matrixpool.state.workloads import Workload
 CYCLE_SECONDS = 0.25
 YIELD_SECONDS = 0.001  # between a pass's steps, for the watches' handlers (a timer, not sleep(0):
 # a watch event takes several hops of the event loop to reach its handler)
+YIELD_AFTER_SECONDS = 0.005  # a pass yields between steps once this long has gone since the last
+# yield (a yield costs a millisecond, at 4 supernodes more than a step takes; at 64 a step takes
+# seconds and every step yields)
 ERROR_BACKOFF_SECONDS = 2.0
 # The most a status report owed by a binding cycle waits while newer binding cycles write: a
 # report beside a binding cycle slows its pods' creates (one event loop, one API server), so
@@ -236,6 +240,7 @@ async def one_pass(
     undone comes in that next pass (the status report is owed: ``unreported``)."""
     if alarm is not None:
         alarm.calm()
+    paced = Paced(alarm)
     now = read()
     state.forget_replaced(now.workloads)
     moment = clock.SYSTEM.now()
@@ -252,16 +257,16 @@ async def one_pass(
     if state.binding():  # the rest reads what the binding cycle writes: next pass
         return
     owed = state.unreported  # the pass that started the binding cycle did not report
-    if await fault_came(alarm):
+    if await paced.fault_came():
         return
     await autoscaler.run(now, state.autoscaling, act)
-    if await fault_came(alarm):
+    if await paced.fault_came():
         return
     await experts.run(now, state.expert_loads, act)
-    if await fault_came(alarm):
+    if await paced.fault_came():
         return
     state.shares = await timeshare.share(read(), state.sharing, act)
-    if await fault_came(alarm):
+    if await paced.fault_came():
         return
     await scheduler.run_cycle(read, state.cycle, state.assumed, act, background=True)
     if not owed:
@@ -271,7 +276,7 @@ async def one_pass(
         return
     if state.binding() and not state.report_overdue():  # it writes alone; the report waits
         return
-    if await fault_came(alarm):
+    if await paced.fault_came():
         return
     writing = state.binding()  # a binding cycle under way: its status stays owed
     await report(state, read)
@@ -280,11 +285,21 @@ async def one_pass(
         state.unreported_since = clock.SYSTEM.monotonic()
 
 
-async def fault_came(alarm: wake.Wake | None) -> bool:
-    """Let the watches' handlers run (a pass holds the event loop between its API calls), then
-    whether one of them saw a node fault since the pass began."""
-    await asyncio.sleep(YIELD_SECONDS)
-    return alarm is not None and alarm.urgent
+@dataclass
+class Paced:
+    """A pass's yields to the watches' handlers between its steps."""
+
+    alarm: wake.Wake | None
+    yielded: float = field(default_factory=time.perf_counter)  # the pass began after a wait
+
+    async def fault_came(self) -> bool:
+        """Let the watches' handlers run (a pass holds the event loop between its API calls)
+        when :data:`YIELD_AFTER_SECONDS` went since they last could, then whether one of them
+        saw a node fault since the pass began."""
+        if time.perf_counter() - self.yielded >= YIELD_AFTER_SECONDS:
+            await asyncio.sleep(YIELD_SECONDS)
+            self.yielded = time.perf_counter()
+        return self.alarm is not None and self.alarm.urgent
 
 
 async def report(state: Controllers, read: Callable[[], world.World]) -> None:

@@ -164,3 +164,33 @@ def test_an_owed_report_waits_for_binding_cycles_at_most_its_bound(
         await scheduler.settle(state.cycle)
 
     asyncio.run(scenario())
+
+
+def test_a_pass_yields_between_its_steps_only_once_a_yield_is_due(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A yield costs a millisecond (a timer): between steps shorter than that, a pass looks at
+    the alarm without one; once ``YIELD_AFTER_SECONDS`` went since the last, it yields."""
+    slept: list[float] = []
+    sleeping = asyncio.sleep
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        await sleeping(0)
+
+    monkeypatch.setattr(loop.asyncio, "sleep", sleep)
+
+    async def scenario() -> None:
+        alarm = wake.Wake()
+        paced = loop.Paced(alarm)
+        assert not await paced.fault_came()  # the pass just began: no yield due
+        assert slept == []
+        paced.yielded -= loop.YIELD_AFTER_SECONDS
+        assert not await paced.fault_came()
+        assert slept == [loop.YIELD_SECONDS]
+        assert not await paced.fault_came()  # it just yielded
+        assert slept == [loop.YIELD_SECONDS]
+        alarm.node_faults("n3", ["down"])
+        assert await paced.fault_came()  # a fault is seen without a yield
+
+    asyncio.run(scenario())
