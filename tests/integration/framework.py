@@ -307,8 +307,12 @@ class Endpoints:
         """Whether every endpoint that left the list no longer answers (its pod's processes
         have drained and exited). kwok removes a deleted pod's object at once and may give its
         address to the next pod while the old processes still drain behind it (a kubelet keeps
-        the address until they are gone): a scale-up must not come before this."""
-        current = {url for urls in self.now for url in urls}
+        the address until they are gone): a scale-up must not come before this. The list is
+        read afresh: the thread's may be half a second old and still name a pod just deleted,
+        whose processes still answer (CI of 5188e2d: the burst's scale-up came two seconds
+        after the scale-down, took the address of a pod in its preStop sleep, and lost 5
+        requests when that pod's engine exited)."""
+        current = {url for urls in self.read() for url in urls}
         return not any(self.healthy(url) for url in self.seen - current)
 
     def read(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
