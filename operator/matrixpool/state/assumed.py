@@ -95,6 +95,13 @@ class Assumed:
         """The reservation was cleared, or could not be made: nothing to assume."""
         self.holdings.pop(pod.uid, None)
 
+    def gone(self, pod: convert.PodFacts) -> None:
+        """The API server answered that ``pod`` does not exist: it holds nothing, and what was
+        assumed of it (created, reserved, bound, deleting) is dropped."""
+        self.holdings.pop(pod.uid, None)
+        self.created.pop(pod.uid, None)
+        self.deleted.discard(pod.uid)
+
     def deleting(self, pod: convert.PodFacts) -> None:
         if pod.uid:
             self.deleted.add(pod.uid)

@@ -288,11 +288,16 @@ def note_bound(
     outcome: pods.Outcome,
 ) -> bool:
     """Remember a Binding that went through; a failed one leaves the reservation (the next
-    cycle finishes it), one bound elsewhere leaves it to the index."""
+    cycle finishes it), one bound elsewhere leaves it to the index, and one answered 404
+    forgets the pod: it is gone, with whatever the operator assumed of it (a pod it created
+    and that was deleted before the index showed it would otherwise be seen, half reserved,
+    for ``assumed.CREATED_SECONDS``, and its gang cleared and not placed again meanwhile)."""
     if outcome is None:
         cycle.assumed.bound(pod, node, cards)
         return True
     if isinstance(outcome, pods.BoundElsewhereError):
         cycle.assumed.released(pod)
+    elif k8s_client.is_status(outcome, 404):
+        cycle.assumed.gone(pod)
     log.warning("could not bind", pod=pod.key, node=node, error=str(outcome))
     return False

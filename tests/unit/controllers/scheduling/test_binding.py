@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from types import SimpleNamespace
 
+import kubernetes
 import pytest
 
 from matrixpool.controllers import loop
+from matrixpool.controllers.scheduling import binding, cyclestate
 from matrixpool.controllers.scheduling import cycle as scheduler
-from matrixpool.controllers.scheduling import cyclestate
 from matrixpool.k8s import pods
 from matrixpool.state import assumed as assuming
 from matrixpool.state import world
@@ -149,3 +151,22 @@ def test_the_status_is_written_after_each_binding_cycle_even_when_every_cycle_bi
         assert {s["name"] for s in act.cluster_statuses} == {"sn-a"}  # written
 
     asyncio.run(scenario())
+
+
+def test_a_binding_answered_404_forgets_the_pod_the_operator_created() -> None:
+    """A pod created reserved and deleted before the index showed it (CI of 9a7867f: a
+    regroup's new pods under load): its Binding answers 404, and the view drops it at once
+    instead of showing the gang half reserved for ``assumed.CREATED_SECONDS``, each cycle
+    clearing the reservation of a pod that is not there."""
+    made = pod("a-0", "u0", reserved_node="n0", cards=frozenset({0}))
+    kept = pod("a-1", "u1", reserved_node="n1", cards=frozenset({0}))
+    held = assuming.Assumed()
+    for p in (made, kept):
+        held.made(p)
+    cycle = SimpleNamespace(assumed=held)
+    missing = kubernetes.client.ApiException(status=404, reason="Not Found")
+    assert not binding.note_bound(cycle, made, "n0", frozenset({0}), missing)  # type: ignore[arg-type]
+    refused = kubernetes.client.ApiException(status=500, reason="Internal Server Error")
+    assert not binding.note_bound(cycle, kept, "n1", frozenset({0}), refused)  # type: ignore[arg-type]
+    seen = held.view({})
+    assert [p.name for p in seen["ns/a"]] == ["a-1"]  # a 500 leaves the pod to the next cycle
