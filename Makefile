@@ -52,13 +52,14 @@ integration: venv binaries engine
 	$(BIN)/pytest tests/integration -q --durations=10
 
 # make test's split of it: the demo's test brings up a control plane of its own (no shared
-# cluster), so it runs in the first lane, and so do the real engine's autoscaling test, the
-# experts' test, the preemption choice's test and the files that hold no timing (API validation,
-# placement, the CLI and chart: ~4.5 min), on a control plane of their own session (that lane
-# ends before the real nodes and kind do); the rest (autoscaling's SLO, stress, the day-night
-# cycle, status within seconds), on the suite's cluster, alone.
+# cluster), so it runs in the first lane, and so do the experts' test, the preemption choice's
+# test and the files that hold no timing (API validation, placement, the CLI and chart: ~4.5
+# min), on a control plane of their own session (that lane ends before the real nodes and kind
+# do); the rest (autoscaling's SLO, the real engine's SLO, stress, the day-night cycle, status
+# within seconds), on the suite's cluster, alone. The real engine's autoscaling test ran in the
+# first lane until its SLO step missed beside the real nodes (0.941, 0.836, 0.945 of 0.95).
 DEMO_TEST := tests/integration/test_demo.py
-ENGINE_TEST := tests/integration/test_engine_autoscaling.py tests/integration/test_experts.py \
+ENGINE_TEST := tests/integration/test_experts.py \
   tests/integration/test_preemption_choice.py \
   $(addprefix tests/integration/test_,scheduling.py pod_constraints.py validation.py peers.py \
     sim.py timesharing.py admission.py plugin.py kv_cache.py recovery_limits.py helm.py \
