@@ -20,6 +20,7 @@ class Recorder:
     created: list[dict[str, Any]] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)  # "ns/name"
     deleted_at_once: list[str] = field(default_factory=list)  # grace 0
+    deleted_uids: dict[str, str] = field(default_factory=dict)  # "ns/name" → the UID deleted
     reserved: list[tuple[str, str, str, str]] = field(default_factory=list)
     unreserved: list[str] = field(default_factory=list)
     bound_to: dict[str, str] = field(default_factory=dict)  # "ns/name" → node
@@ -70,10 +71,11 @@ class Recorder:
         return answers
 
     async def delete_pods(
-        self, keys: Sequence[tuple[str, str]], grace_seconds: int | None = None
+        self, refs: Sequence[tuple[str, str, str]], grace_seconds: int | None = None
     ) -> None:
-        names = [f"{ns}/{name}" for ns, name in keys]
+        names = [f"{ns}/{name}" for ns, name, _ in refs]
         (self.deleted_at_once if grace_seconds == 0 else self.deleted).extend(names)
+        self.deleted_uids.update({f"{ns}/{name}": uid for ns, name, uid in refs})
 
     async def reserve(
         self, reservations: Sequence[tuple[str, str, str, str]]
@@ -84,9 +86,9 @@ class Recorder:
     async def unreserve(self, keys: Sequence[tuple[str, str]]) -> None:
         self.unreserved += [f"{ns}/{name}" for ns, name in keys]
 
-    async def bind(self, bindings: Sequence[tuple[str, str, str]]) -> list[pods.Outcome]:
+    async def bind(self, bindings: Sequence[tuple[str, str, str, str]]) -> list[pods.Outcome]:
         outcomes: list[pods.Outcome] = []
-        for namespace, name, node in bindings:
+        for namespace, name, _, node in bindings:
             where = self.bound_to.setdefault(f"{namespace}/{name}", node)
             outcomes.append(None if where == node else pods.BoundElsewhereError(name))
         return outcomes

@@ -110,6 +110,11 @@ class PodFacts:
         return f"{self.namespace}/{self.name}"
 
     @property
+    def ref(self) -> tuple[str, str, str]:
+        """(namespace, name, UID): this very pod, not a later one of the same name."""
+        return (self.namespace, self.name, self.uid)
+
+    @property
     def holds_cards(self) -> bool:
         """Cards are held from the reservation on. A pod that Succeeded holds its cards until
         every rank of its job has (a rank restarted in place gets them back), then none

@@ -39,8 +39,11 @@ class Executor(Protocol):
         """Create these pods (one already there is no error)."""
         ...
 
-    async def delete_pods(self, keys: Sequence[PodKey], grace_seconds: int | None = None) -> None:
-        """Delete these pods (one already gone is no error)."""
+    async def delete_pods(
+        self, refs: Sequence[pods.PodRef], grace_seconds: int | None = None
+    ) -> None:
+        """Delete these pods, each by its UID (one already gone, or made again under its
+        name, is no error: the new one is not touched)."""
         ...
 
     async def create_reserved(
@@ -61,8 +64,8 @@ class Executor(Protocol):
         """Clear a partial reservation."""
         ...
 
-    async def bind(self, bindings: Sequence[tuple[str, str, str]]) -> list[pods.Outcome]:
-        """Bind (namespace, pod, node); one outcome per pod."""
+    async def bind(self, bindings: Sequence[tuple[str, str, str, str]]) -> list[pods.Outcome]:
+        """Bind (namespace, pod, UID, node), the UID as precondition; one outcome per pod."""
         ...
 
     async def annotate(self, keys: Sequence[PodKey], annotations: Mapping[str, str | None]) -> None:
@@ -147,8 +150,10 @@ class Live:
     async def create_pods(self, manifests: Sequence[Mapping[str, Any]]) -> None:
         await pods.create(manifests)
 
-    async def delete_pods(self, keys: Sequence[PodKey], grace_seconds: int | None = None) -> None:
-        await pods.delete(keys, grace_seconds=grace_seconds)
+    async def delete_pods(
+        self, refs: Sequence[pods.PodRef], grace_seconds: int | None = None
+    ) -> None:
+        await pods.delete(refs, grace_seconds=grace_seconds)
 
     async def create_reserved(
         self, manifests: Sequence[Mapping[str, Any]]
@@ -166,7 +171,7 @@ class Live:
     async def unreserve(self, keys: Sequence[PodKey]) -> None:
         await pods.unreserve(keys)
 
-    async def bind(self, bindings: Sequence[tuple[str, str, str]]) -> list[pods.Outcome]:
+    async def bind(self, bindings: Sequence[tuple[str, str, str, str]]) -> list[pods.Outcome]:
         return await pods.bind(bindings)
 
     async def annotate(self, keys: Sequence[PodKey], annotations: Mapping[str, str | None]) -> None:

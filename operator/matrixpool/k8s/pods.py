@@ -65,8 +65,16 @@ Outcome = BaseException | None  # per pod: None when the call did what it was as
 OURS_DOMAIN = "matrixpool.dev"  # labels and annotations under it are the operator's
 
 
+PodRef = tuple[str, str, str]  # namespace, name, UID ("": whichever pod has the name)
+
+
 class BoundElsewhereError(Exception):
     """The pod was bound, but not to the node asked for (an earlier decision, or a stale one)."""
+
+
+class ReplacedError(Exception):
+    """The pod asked for is gone and another of the same name (another UID) stands in its
+    place; the call was not made to the new one."""
 
 
 def _transient(error: BaseException) -> bool:
@@ -602,15 +610,18 @@ async def unreserve(pods: Sequence[tuple[str, str]]) -> None:
     await gather_limited(call(*p) for p in pods)
 
 
-async def bind(bindings: Sequence[tuple[str, str, str]]) -> list[Outcome]:
-    """Bind each ``(namespace, pod, node)`` through the Binding API."""
+async def bind(bindings: Sequence[tuple[str, str, str, str]]) -> list[Outcome]:
+    """Bind each ``(namespace, pod, UID, node)`` through the Binding API. The UID is the
+    Binding's precondition, as kube-scheduler's: a pod deleted and made again under its name
+    since it was decided on is not bound (:class:`ReplacedError`)."""
     api = k8s_client.default_api()
 
-    def call(namespace: str, name: str, node: str) -> Callable[[], None]:
+    def call(namespace: str, name: str, uid: str, node: str) -> Callable[[], None]:
+        meta = {"name": name, "uid": uid} if uid else {"name": name}
         body = {
             "apiVersion": "v1",
             "kind": "Binding",
-            "metadata": {"name": name},
+            "metadata": meta,
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
 
@@ -626,7 +637,7 @@ async def bind(bindings: Sequence[tuple[str, str, str]]) -> list[Outcome]:
             except Exception as error:
                 if not k8s_client.is_status(error, 409):
                     raise
-                _check_bound(api, namespace, name, node)
+                _check_bound(api, namespace, name, uid, node)
 
         return bind_one
 
@@ -640,10 +651,12 @@ async def bind(bindings: Sequence[tuple[str, str, str]]) -> list[Outcome]:
     return outcomes
 
 
-def _check_bound(api: k8s_client.Api, namespace: str, name: str, node: str) -> None:
+def _check_bound(api: k8s_client.Api, namespace: str, name: str, uid: str, node: str) -> None:
     """After a 409: done if the pod is bound to ``node`` (bound before a crash, or by this
     very call retried); anything else is an error, never a success."""
     pod = api.core.read_namespaced_pod(name, namespace)
+    if uid and pod.metadata.uid != uid:
+        raise ReplacedError(f"pod {namespace}/{name} is another pod now (UID {pod.metadata.uid})")
     where = getattr(pod.spec, "node_name", None)
     if where != node:
         raise BoundElsewhereError(f"pod {namespace}/{name} is bound to {where!r}, not {node!r}")
@@ -666,20 +679,36 @@ async def annotate(pods: Sequence[tuple[str, str]], annotations: Mapping[str, st
     await gather_limited(call(*p) for p in pods)
 
 
-async def delete(pods: Sequence[tuple[str, str]], grace_seconds: int | None = None) -> None:
-    """Delete each ``(namespace, pod)``; missing pods are fine."""
+async def delete(pods: Sequence[PodRef], grace_seconds: int | None = None) -> None:
+    """Delete each ``(namespace, pod, UID)``, the UID as the delete's precondition: a pod
+    already gone is fine, and so is one made again under its name since it was decided on
+    (the API server answers 409): the pod meant is gone, and the new one is not touched."""
     api = k8s_client.default_api()
 
-    def call(namespace: str, name: str) -> Callable[[], None]:
-        return retry(
-            lambda: _ignore_missing(
-                lambda: _done(
-                    api.core.delete_namespaced_pod(
-                        name, namespace, grace_period_seconds=grace_seconds, _preload_content=False
-                    )
+    def call(namespace: str, name: str, uid: str) -> Callable[[], None]:
+        body = {"preconditions": {"uid": uid}} if uid else None
+
+        @retry_but_conflicts
+        def delete_one() -> None:
+            _done(
+                api.core.delete_namespaced_pod(
+                    name,
+                    namespace,
+                    body=body,
+                    grace_period_seconds=grace_seconds,
+                    _preload_content=False,
                 )
             )
-        )
+
+        def run() -> None:
+            try:
+                _ignore_missing(delete_one)
+            except Exception as error:
+                if not (uid and k8s_client.is_status(error, 409)):
+                    raise
+                log.info("pod made again since; not deleted", pod=f"{namespace}/{name}", uid=uid)
+
+        return run
 
     await gather_limited(call(*p) for p in pods)
 

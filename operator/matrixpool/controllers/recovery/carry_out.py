@@ -52,8 +52,8 @@ async def carry_out(
     recovery_id = recovery.id
     targets = recovery.targets
     reschedule = recovery.reschedule
-    doomed_now: list[tuple[str, str]] = []  # dead nodes and failed pods: no grace
-    doomed: list[tuple[str, str]] = []
+    doomed_now: list[tuple[str, str, str]] = []  # dead nodes and failed pods: no grace
+    doomed: list[tuple[str, str, str]] = []
     reload: dict[tuple[str, str], str] = {}
     # A node is dead to us when its daemon is unreachable, its Node is down, or its kubelet's
     # Lease went stale (before the controller-manager marks it NotReady): its kubelet would
@@ -63,13 +63,13 @@ async def carry_out(
         on_dead_node = pod.node in dead_nodes or _down(nodes, pod.node)
         if pod.deleting:
             if on_dead_node:  # deleted with grace before it died: now without
-                doomed_now.append((pod.namespace, pod.name))
+                doomed_now.append(pod.ref)
             continue
         mine = _recovery_id(pod.restore) == recovery_id
         moved = str(pod.rank) in targets
         if (reschedule or moved) and not mine:
             dead = pod.phase in convert.TERMINAL_PHASES or on_dead_node
-            (doomed_now if dead else doomed).append((pod.namespace, pod.name))
+            (doomed_now if dead else doomed).append(pod.ref)
         elif not mine and (value := recovery.restore_for(pod.rank)) is not None:
             reload[(pod.namespace, pod.name)] = value
     if doomed_now:

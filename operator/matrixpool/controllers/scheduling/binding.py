@@ -60,9 +60,7 @@ async def finish_half_bound(
             cycle.assumed.released(p)
     if finish:
         log.info("finishing reserved gangs", pods=len(finish))
-        outcomes = await cycle.act.bind(
-            [(p.namespace, p.name, p.reserved_node or "") for p in finish]
-        )
+        outcomes = await cycle.act.bind([(*p.ref, p.reserved_node or "") for p in finish])
         refused: set[model.GangKey] = set()
         for p, outcome in zip(finish, outcomes, strict=True):
             workload, key = owners[p.key]
@@ -159,7 +157,7 @@ async def bind_gang(cycle: cyclestate.CycleState, b: cyclestate.Binding) -> int 
                 note_refusal(cycle, b.pending.workload, key, "reserve", outcome)
         if refused:
             return None
-    bound = await cycle.act.bind([(p.namespace, p.name, n) for p, n, _ in reservations])
+    bound = await cycle.act.bind([(*p.ref, n) for p, n, _ in reservations])
     ok = True
     for (pod, node, cards), outcome in zip(reservations, bound, strict=True):
         if not note_bound(cycle, pod, node, cards, outcome):
@@ -288,16 +286,17 @@ def note_bound(
     outcome: pods.Outcome,
 ) -> bool:
     """Remember a Binding that went through; a failed one leaves the reservation (the next
-    cycle finishes it), one bound elsewhere leaves it to the index, and one answered 404
-    forgets the pod: it is gone, with whatever the operator assumed of it (a pod it created
-    and that was deleted before the index showed it would otherwise be seen, half reserved,
-    for ``assumed.CREATED_SECONDS``, and its gang cleared and not placed again meanwhile)."""
+    cycle finishes it), one bound elsewhere leaves it to the index, and one answered 404 or
+    :class:`pods.ReplacedError` (another pod of its name now) forgets the pod: it is gone,
+    with whatever the operator assumed of it (a pod it created and that was deleted before
+    the index showed it would otherwise be seen, half reserved, for
+    ``assumed.CREATED_SECONDS``, and its gang cleared and not placed again meanwhile)."""
     if outcome is None:
         cycle.assumed.bound(pod, node, cards)
         return True
     if isinstance(outcome, pods.BoundElsewhereError):
         cycle.assumed.released(pod)
-    elif k8s_client.is_status(outcome, 404):
+    elif isinstance(outcome, pods.ReplacedError) or k8s_client.is_status(outcome, 404):
         cycle.assumed.gone(pod)
     log.warning("could not bind", pod=pod.key, node=node, error=str(outcome))
     return False

@@ -129,7 +129,7 @@ async def reconcile_pods(
             if create:
                 await cycle.act.create_pods(create)
             if surplus:
-                await cycle.act.delete_pods([(p.namespace, p.name) for p in surplus])
+                await cycle.act.delete_pods([p.ref for p in surplus])
                 for p in surplus:
                     cycle.assumed.deleting(p)
         except Exception as error:  # e.g. a namespace being deleted: the others go on
@@ -141,7 +141,7 @@ async def expire(cycle: cyclestate.CycleState, workload: Workload) -> None:
     going = lifecycle.expired(cycle.world, workload, clock.SYSTEM.now())
     if not going:
         return
-    await cycle.act.delete_pods([(p.namespace, p.name) for p in going])
+    await cycle.act.delete_pods([p.ref for p in going])
     for p in going:
         cycle.assumed.deleting(p)
     cycle.event(workload, "Normal", "PodsDeleted", f"ttl passed: {len(going)} pods deleted")

@@ -289,11 +289,13 @@ async def give_up(
     else:
         cycle.memory.statuses.pop(workload.uid, None)
         await mark_preempted(cycle, workload, f"evicted {why}", extra)
-    await cycle.act.delete_pods(doomed)
+    # The pods asked to checkpoint, as they are now: each deleted by its UID, so that a pod
+    # made again under a victim's name since it was asked is only deleted as that pod.
     live = {p.key: p for facts in cycle.world.pods.values() for p in facts}
-    for namespace, name in doomed:
-        if (pod := live.get(f"{namespace}/{name}")) is not None:
-            cycle.assumed.deleting(pod)
+    going = [pod for namespace, name in doomed if (pod := live.get(f"{namespace}/{name}"))]
+    await cycle.act.delete_pods([pod.ref for pod in going])
+    for pod in going:
+        cycle.assumed.deleting(pod)
     cycle.preempted = True
 
 

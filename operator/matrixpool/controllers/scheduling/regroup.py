@@ -179,7 +179,7 @@ async def start(
             trainingjob.PLURAL, workload.namespace, workload.name, {"resizes": history}
         )
     going = [p for p in live if not p.deleting]
-    await cycle.act.delete_pods([(p.namespace, p.name) for p in going])
+    await cycle.act.delete_pods([p.ref for p in going])
     for pod in going:
         cycle.assumed.deleting(pod)
 

@@ -28,7 +28,7 @@ class HeldBinds(Recorder):
     gate: asyncio.Event
     fail: bool = False
 
-    async def bind(self, bindings: Sequence[tuple[str, str, str]]) -> list[pods.Outcome]:
+    async def bind(self, bindings: Sequence[tuple[str, str, str, str]]) -> list[pods.Outcome]:
         await self.gate.wait()
         if self.fail:
             self.fail = False
@@ -124,8 +124,8 @@ class BoundElsewhere(Recorder):
     """Every Binding answers that the pod is bound elsewhere: the reservation is released and
     the next cycle places the gang again, in a binding cycle again."""
 
-    async def bind(self, bindings: Sequence[tuple[str, str, str]]) -> list[pods.Outcome]:
-        return [pods.BoundElsewhereError(name) for _, name, _ in bindings]
+    async def bind(self, bindings: Sequence[tuple[str, str, str, str]]) -> list[pods.Outcome]:
+        return [pods.BoundElsewhereError(name) for _, name, _, _ in bindings]
 
 
 def test_the_status_is_written_after_each_binding_cycle_even_when_every_cycle_binds(
@@ -170,3 +170,16 @@ def test_a_binding_answered_404_forgets_the_pod_the_operator_created() -> None:
     assert not binding.note_bound(cycle, kept, "n1", frozenset({0}), refused)  # type: ignore[arg-type]
     seen = held.view({})
     assert [p.name for p in seen["ns/a"]] == ["a-1"]  # a 500 leaves the pod to the next cycle
+
+
+def test_a_binding_refused_because_the_pod_was_made_again_forgets_the_old_pod() -> None:
+    """The Binding carries the pod's UID; a pod deleted and made again under its name since
+    the cycle decided is another pod (pods.ReplacedError): the old one is dropped from the
+    view, and the new one is left to the index and the next cycle."""
+    made = pod("a-0", "u0", reserved_node="n0", cards=frozenset({0}))
+    held = assuming.Assumed()
+    held.made(made)
+    cycle = SimpleNamespace(assumed=held)
+    replaced = pods.ReplacedError("pod ns/a-0 is another pod now (UID u9)")
+    assert not binding.note_bound(cycle, made, "n0", frozenset({0}), replaced)  # type: ignore[arg-type]
+    assert held.view({}) == {}

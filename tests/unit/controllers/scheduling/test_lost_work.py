@@ -176,3 +176,30 @@ def test_a_gang_already_giving_way_loses_nothing_more() -> None:
     lost = {k: v.lost_work_per_card_s for k, v in preemption.victims(state).items()}
     assert lost["ns/a"] == 0.0
     assert lost["ns/b"] >= 600.0
+
+
+def test_a_victim_gives_up_its_pods_as_they_are_now_each_deleted_by_its_uid() -> None:
+    """Between the checkpoint request and the eviction, rank 1 was made again under its name
+    (a recovery) and rank 2 went: the delete names the new rank 1's UID, so a delete meant
+    for a pod can never take a later one of the same name, and nothing is asked of rank 2."""
+    ranks = worlds.running("v", 3)
+    remade = dataclasses.replace(ranks[1], uid="v-uid-1-again")
+    seen = worlds.fixed_world(
+        worlds.index(ranks[0], remade), [worlds.job("v", 3, priority=10, checkpoint=True)]
+    )
+    act = Recorder()
+    state = cyclestate.CycleState(seen, cyclestate.Memory(), act=act)
+    record = trainingjob.Preemption(
+        by="ns/high",
+        priority=500,
+        request_id="r1",
+        evicted_at=clock.SYSTEM.now(),
+        checkpoint=trainingjob.PreemptionCheckpoint.GRACE_EXPIRED,
+    )
+    (victim,) = seen.workloads
+    doomed = [("ns", "v-0"), ("ns", "v-1"), ("ns", "v-2")]
+
+    asyncio.run(preemption.give_up(state, victim, doomed, record, ""))
+
+    assert act.deleted_uids == {"ns/v-0": "v-uid-0", "ns/v-1": "v-uid-1-again"}
+    assert state.assumed.deleted == {"v-uid-0", "v-uid-1-again"}

@@ -352,3 +352,14 @@ def test_a_job_evicted_at_one_size_resumes_from_what_that_world_committed() -> N
     told = restore_codec.parse_restore(memory.resumes["uid-low"][1])
     assert told is not None
     assert (told.step, told.world, told.recovery) == (8, 2, "preempt-abc")
+
+
+def test_a_regroup_deletes_each_old_rank_by_its_uid() -> None:
+    """The delete carries the UID the cycle saw: a rank made again under its name since (the
+    new world's pod) is another pod, and the API server refuses to delete it for the old."""
+    seen = fixed_world(index(*running("e", 4, world=4)), [elastic(2)])
+    executor = Recorder()
+
+    cycle(seen, cyclestate.Memory(), executor)
+
+    assert executor.deleted_uids == {f"ns/e-{r}": f"e-uid-{r}" for r in range(4)}
