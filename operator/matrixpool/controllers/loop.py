@@ -269,9 +269,8 @@ async def one_pass(
     if await paced.fault_came():
         return
     await scheduler.run_cycle(read, state.cycle, state.assumed, act, background=True)
-    if not owed:
-        state.unreported_since = clock.SYSTEM.monotonic()
-    state.unreported = True  # until report() below is through
+    if not owed:  # owed from now until report() below is through
+        state.owed_since = clock.SYSTEM.monotonic()
     if state.binding() and not owed:  # the pass after its binding cycle reports
         return
     if state.binding() and not state.report_overdue():  # it writes alone; the report waits
@@ -280,9 +279,7 @@ async def one_pass(
         return
     writing = state.binding()  # a binding cycle under way: its status stays owed
     await report(state, read)
-    state.unreported = writing
-    if writing:
-        state.unreported_since = clock.SYSTEM.monotonic()
+    state.owed_since = clock.SYSTEM.monotonic() if writing else None
 
 
 @dataclass
@@ -341,8 +338,9 @@ class Controllers:
     autoscaling: autoscaler.Memory = field(default_factory=autoscaler.Memory)  # per service
     expert_loads: experts.Memory = field(default_factory=experts.Memory)  # per service
     tables: ranktable.Memory = field(default_factory=ranktable.Memory)  # HCCL rank tables
-    unreported: bool = False  # a binding cycle started and the status is not written since
-    unreported_since: float = 0.0  # monotonic: when the status last became owed
+    # monotonic: when the status report became owed (a binding cycle started and the status
+    # is not written since); None: nothing owed
+    owed_since: float | None = None
     refused: set[tuple[str, str]] = field(default_factory=set)  # (node, endpoint) Leases said
     overdue: frozenset[str] = frozenset()  # nodes whose kubelet Lease was overdue, last read
 
@@ -368,9 +366,15 @@ class Controllers:
         task = self.cycle.binding
         return task is not None and not task.done()
 
+    @property
+    def unreported(self) -> bool:
+        """Whether a status report is owed."""
+        return self.owed_since is not None
+
     def report_overdue(self) -> bool:
         """Whether the owed status report has waited :data:`REPORT_DEFERRED_SECONDS`."""
-        return clock.SYSTEM.monotonic() - self.unreported_since >= REPORT_DEFERRED_SECONDS
+        since = self.owed_since
+        return since is not None and clock.SYSTEM.monotonic() - since >= REPORT_DEFERRED_SECONDS
 
     def forget_replaced(self, current: Sequence[workloads.Workload]) -> None:
         """Drop what the controllers remember of workloads that went, or whose name now

@@ -158,7 +158,7 @@ def test_an_owed_report_waits_for_binding_cycles_at_most_its_bound(
         assert steps[-2:] == ["cycle", "report"]
         assert {s["name"] for s in act.cluster_statuses} == {"sn-a"}
         assert state.unreported  # d's status: owed from now
-        assert state.unreported_since == now[0]
+        assert state.owed_since == now[0]
         assert not state.report_overdue()
         act.through.set()
         await scheduler.settle(state.cycle)
