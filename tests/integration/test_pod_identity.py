@@ -76,6 +76,24 @@ def test_a_delete_and_a_binding_meant_for_a_pod_leave_a_new_pod_of_its_name_alon
     (outcome,) = asyncio.run(pods.bind([(namespace, "r-0", new, "n-here")]))
     assert outcome is None  # bound already, to the node asked: done, as after a lost answer
 
+    # Bound to a node no kubelet runs: only a delete without grace removes it (a graceful one
+    # would wait for that kubelet forever, as a dead node's pods would).
     asyncio.run(pods.delete([(namespace, "r-0", new)], grace_seconds=0))
-    pod = read(api, namespace, "r-0")
-    assert pod is None or pod.metadata.deletion_timestamp is not None
+    assert read(api, namespace, "r-0") is None
+
+
+def test_a_delete_with_grace_leaves_the_pod_terminating_for_that_grace(
+    cluster: framework.TestCluster, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api = cluster.api
+    monkeypatch.setattr(k8s_client, "default_api", lambda: api)
+    uid = make(api, namespace, "g-0")
+    (outcome,) = asyncio.run(pods.bind([(namespace, "g-0", uid, "n-here")]))
+    assert outcome is None
+
+    asyncio.run(pods.delete([(namespace, "g-0", uid)], grace_seconds=45))
+    pod = read(api, namespace, "g-0")
+    assert pod is not None
+    assert pod.metadata.deletion_grace_period_seconds == 45
+    asyncio.run(pods.delete([(namespace, "g-0", uid)], grace_seconds=0))
+    assert read(api, namespace, "g-0") is None

@@ -686,18 +686,18 @@ async def delete(pods: Sequence[PodRef], grace_seconds: int | None = None) -> No
     api = k8s_client.default_api()
 
     def call(namespace: str, name: str, uid: str) -> Callable[[], None]:
-        body = {"preconditions": {"uid": uid}} if uid else None
+        # All in the body: with a body, the API server reads no DeleteOptions from the query
+        # (a gracePeriodSeconds=0 there would be dropped, and a dead node's pod wait forever).
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        if grace_seconds is not None:
+            body["gracePeriodSeconds"] = grace_seconds
 
         @retry_but_conflicts
         def delete_one() -> None:
             _done(
-                api.core.delete_namespaced_pod(
-                    name,
-                    namespace,
-                    body=body,
-                    grace_period_seconds=grace_seconds,
-                    _preload_content=False,
-                )
+                api.core.delete_namespaced_pod(name, namespace, body=body, _preload_content=False)
             )
 
         def run() -> None:
