@@ -6,7 +6,6 @@ precondition and as the Binding's, and the API server refuses either for another
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import kubernetes
@@ -45,10 +44,7 @@ def remade(api: k8s_client.Api, namespace: str, name: str) -> tuple[str, str]:
     """Pod ``name`` made, deleted and made again: (the old UID, the new one)."""
     old = make(api, namespace, name)
     api.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
-    deadline = time.monotonic() + 30
-    while read(api, namespace, name) is not None:  # an unbound pod goes at once; bounded
-        assert time.monotonic() < deadline, "the first pod was not deleted"
-        time.sleep(0.1)
+    framework.eventually(lambda: read(api, namespace, name) is None, what="the first pod gone")
     return old, make(api, namespace, name)
 
 

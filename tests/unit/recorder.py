@@ -71,7 +71,7 @@ class Recorder:
         return answers
 
     async def delete_pods(
-        self, refs: Sequence[tuple[str, str, str]], grace_seconds: int | None = None
+        self, refs: Sequence[convert.PodRef], grace_seconds: int | None = None
     ) -> None:
         names = [f"{ns}/{name}" for ns, name, _ in refs]
         (self.deleted_at_once if grace_seconds == 0 else self.deleted).extend(names)
@@ -86,7 +86,7 @@ class Recorder:
     async def unreserve(self, keys: Sequence[tuple[str, str]]) -> None:
         self.unreserved += [f"{ns}/{name}" for ns, name in keys]
 
-    async def bind(self, bindings: Sequence[tuple[str, str, str, str]]) -> list[pods.Outcome]:
+    async def bind(self, bindings: Sequence[pods.PodBinding]) -> list[pods.Outcome]:
         outcomes: list[pods.Outcome] = []
         for namespace, name, _, node in bindings:
             where = self.bound_to.setdefault(f"{namespace}/{name}", node)

@@ -79,6 +79,9 @@ def foreign_requests(
     return nodefit.pod_requests(spec) or None
 
 
+PodRef = tuple[str, str, str]  # namespace, name, UID ("": whichever pod has the name)
+
+
 @dataclass(frozen=True)
 class PodFacts:
     """A pod of a matrixpool gang, as the scheduler cycle needs it."""
@@ -110,7 +113,7 @@ class PodFacts:
         return f"{self.namespace}/{self.name}"
 
     @property
-    def ref(self) -> tuple[str, str, str]:
+    def ref(self) -> PodRef:
         """(namespace, name, UID): this very pod, not a later one of the same name."""
         return (self.namespace, self.name, self.uid)
 

@@ -40,7 +40,7 @@ class Executor(Protocol):
         ...
 
     async def delete_pods(
-        self, refs: Sequence[pods.PodRef], grace_seconds: int | None = None
+        self, refs: Sequence[convert.PodRef], grace_seconds: int | None = None
     ) -> None:
         """Delete these pods, each by its UID (one already gone, or made again under its
         name, is no error: the new one is not touched)."""
@@ -64,7 +64,7 @@ class Executor(Protocol):
         """Clear a partial reservation."""
         ...
 
-    async def bind(self, bindings: Sequence[tuple[str, str, str, str]]) -> list[pods.Outcome]:
+    async def bind(self, bindings: Sequence[pods.PodBinding]) -> list[pods.Outcome]:
         """Bind (namespace, pod, UID, node), the UID as precondition; one outcome per pod."""
         ...
 
@@ -151,7 +151,7 @@ class Live:
         await pods.create(manifests)
 
     async def delete_pods(
-        self, refs: Sequence[pods.PodRef], grace_seconds: int | None = None
+        self, refs: Sequence[convert.PodRef], grace_seconds: int | None = None
     ) -> None:
         await pods.delete(refs, grace_seconds=grace_seconds)
 
@@ -171,7 +171,7 @@ class Live:
     async def unreserve(self, keys: Sequence[PodKey]) -> None:
         await pods.unreserve(keys)
 
-    async def bind(self, bindings: Sequence[tuple[str, str, str, str]]) -> list[pods.Outcome]:
+    async def bind(self, bindings: Sequence[pods.PodBinding]) -> list[pods.Outcome]:
         return await pods.bind(bindings)
 
     async def annotate(self, keys: Sequence[PodKey], annotations: Mapping[str, str | None]) -> None:

@@ -65,7 +65,7 @@ Outcome = BaseException | None  # per pod: None when the call did what it was as
 OURS_DOMAIN = "matrixpool.dev"  # labels and annotations under it are the operator's
 
 
-PodRef = tuple[str, str, str]  # namespace, name, UID ("": whichever pod has the name)
+PodBinding = tuple[str, str, str, str]  # namespace, name, UID (as in convert.PodRef), node
 
 
 class BoundElsewhereError(Exception):
@@ -610,7 +610,7 @@ async def unreserve(pods: Sequence[tuple[str, str]]) -> None:
     await gather_limited(call(*p) for p in pods)
 
 
-async def bind(bindings: Sequence[tuple[str, str, str, str]]) -> list[Outcome]:
+async def bind(bindings: Sequence[PodBinding]) -> list[Outcome]:
     """Bind each ``(namespace, pod, UID, node)`` through the Binding API. The UID is the
     Binding's precondition, as kube-scheduler's: a pod deleted and made again under its name
     since it was decided on is not bound (:class:`ReplacedError`)."""
@@ -679,7 +679,7 @@ async def annotate(pods: Sequence[tuple[str, str]], annotations: Mapping[str, st
     await gather_limited(call(*p) for p in pods)
 
 
-async def delete(pods: Sequence[PodRef], grace_seconds: int | None = None) -> None:
+async def delete(pods: Sequence[convert.PodRef], grace_seconds: int | None = None) -> None:
     """Delete each ``(namespace, pod, UID)``, the UID as the delete's precondition: a pod
     already gone is fine, and so is one made again under its name since it was decided on
     (the API server answers 409): the pod meant is gone, and the new one is not touched."""

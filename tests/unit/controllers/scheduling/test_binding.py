@@ -28,7 +28,7 @@ class HeldBinds(Recorder):
     gate: asyncio.Event
     fail: bool = False
 
-    async def bind(self, bindings: Sequence[tuple[str, str, str, str]]) -> list[pods.Outcome]:
+    async def bind(self, bindings: Sequence[pods.PodBinding]) -> list[pods.Outcome]:
         await self.gate.wait()
         if self.fail:
             self.fail = False
@@ -124,7 +124,7 @@ class BoundElsewhere(Recorder):
     """Every Binding answers that the pod is bound elsewhere: the reservation is released and
     the next cycle places the gang again, in a binding cycle again."""
 
-    async def bind(self, bindings: Sequence[tuple[str, str, str, str]]) -> list[pods.Outcome]:
+    async def bind(self, bindings: Sequence[pods.PodBinding]) -> list[pods.Outcome]:
         return [pods.BoundElsewhereError(name) for _, name, _, _ in bindings]
 
 
