@@ -37,7 +37,8 @@ def test_a_save_due_nowhere_is_done_at_once() -> None:
 
 def test_a_save_to_an_unreachable_daemon_fails_on_every_tier_it_asked_for() -> None:
     spec = CheckpointSpec(memory_every=1, local_every=1)
-    with Checkpointer("job", 0, 1, "127.0.0.1:9", "t", spec=spec) as client:
+    # a short wait for the daemon: the default (120 s) is tests/checkpoint's to show
+    with Checkpointer("job", 0, 1, "127.0.0.1:9", "t", spec=spec, daemon_wait=0.5) as client:
         handle = client.save(1, {"w": b"x"})
         with pytest.raises(errors.TierWriteError, match="unreachable") as raised:
             handle.wait()
